@@ -1,0 +1,351 @@
+// Package budget gives a whole run one budget per provider quota domain, so
+// that spreading work over more lanes or hosts redistributes it instead of
+// multiplying the load the provider sees.
+//
+// A Budget admits requests against per-domain ceilings (rate, in-flight
+// requests per class, open bodies) and a run-global memory ceiling, fairly by
+// arrival within each domain. Provider throttles slow every consumer of the
+// domain together. The state sits behind the Store seam: in this process by
+// default, or in Redis (package redisstore) for a run spread over hosts.
+package budget
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/runbudget/runbudget/lease"
+)
+
+// Lease is an admitted request's hold on the budget; see package lease.
+type Lease = lease.Lease
+
+// DefaultUnavailableGrace is how long Acquire, Throttle and Usage keep
+// retrying an unreachable store before they give up with ErrUnavailable.
+const DefaultUnavailableGrace = 5 * time.Second
+
+// Option configures New.
+type Option func(*options)
+
+type options struct {
+	store   Store
+	replace bool
+	grace   time.Duration
+	now     func() time.Time
+}
+
+// WithStore keeps the budget's state in s instead of in this process. The
+// budget owns s from then on: Close closes it, and so does a failing New.
+func WithStore(s Store) Option { return func(o *options) { o.store = s } }
+
+// WithReplaceLimits makes this host's Limits replace the ones stored for the
+// budget. Without it, New fails with ErrLimitsConflict when they differ, so
+// two hosts of one run can never silently enforce different ceilings.
+func WithReplaceLimits() Option { return func(o *options) { o.replace = true } }
+
+// WithUnavailableGrace sets how long calls retry an unreachable store before
+// they return ErrUnavailable (default DefaultUnavailableGrace). Nothing is
+// admitted while the store is unreachable, whatever the grace.
+func WithUnavailableGrace(d time.Duration) Option { return func(o *options) { o.grace = d } }
+
+// Budget admits provider requests against a run's ceilings. One Budget (per
+// host) serves every consumer of the run; its methods are safe for concurrent
+// use.
+//
+// Admission is fair by arrival within each domain: a waiter that cannot start
+// holds back younger waiters that need any of its domains, and only those.
+// Serving whichever request happens to fit would let a stream of small
+// requests starve a large one; one global line would let a single congested
+// quota stall traffic to every unrelated one.
+type Budget struct {
+	store  Store
+	limits Limits
+	grace  time.Duration
+	keeper *lease.Keeper // nil when the store never expires leases
+
+	idPrefix string
+	idSeq    atomic.Uint64
+
+	mu     sync.RWMutex
+	closed bool
+	done   chan struct{}
+	active sync.WaitGroup // Acquire calls in progress
+}
+
+// New validates limits and returns a Budget over the in-process store, or
+// over the store given by WithStore, where it registers the limits (see
+// WithReplaceLimits). Invalid limits give an error wrapping ErrInvalidLimits.
+func New(limits Limits, opts ...Option) (*Budget, error) {
+	o := options{grace: DefaultUnavailableGrace, now: time.Now}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	nl, err := limits.Normalize()
+	if err != nil {
+		if o.store != nil {
+			o.store.Close()
+		}
+		return nil, err
+	}
+	if o.grace <= 0 {
+		o.grace = DefaultUnavailableGrace
+	}
+	if o.store == nil {
+		o.store = newMemStore(o.now)
+	}
+	b := &Budget{
+		store:    o.store,
+		limits:   nl,
+		grace:    o.grace,
+		idPrefix: uuid.NewString() + ".",
+		done:     make(chan struct{}),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.grace+time.Second)
+	defer cancel()
+	if err := b.retry(ctx, func(ctx context.Context) error { return b.store.Register(ctx, nl, o.replace) }); err != nil {
+		b.store.Close()
+		return nil, err
+	}
+	if ttl := b.store.LeaseTTL(); ttl > 0 {
+		if b.keeper, err = lease.NewKeeper(b.store, ttl); err != nil {
+			b.store.Close()
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+// Limits returns the normalized limits this budget was built with.
+func (b *Budget) Limits() Limits { return b.limits }
+
+// newID returns a waiter ID, which becomes the lease ID on a grant. A random
+// 122-bit prefix per Budget (a UUID) plus a counter is as unique across hosts
+// as a fresh UUID per call, and much cheaper on the admission path.
+func (b *Budget) newID() string {
+	return b.idPrefix + strconv.FormatUint(b.idSeq.Add(1), 36)
+}
+
+// Acquire waits until the run may start req and returns the lease that holds
+// its share of the budget until retired.
+//
+// Errors: a malformed request wraps ErrInvalidRequest or ErrInvalidDomain; a
+// request that can never fit wraps ErrNeverAdmissible and returns at once. If
+// ctx ends while waiting, Acquire returns ctx.Err() and the waiter leaves
+// every queue having consumed nothing; a grant that races with the
+// cancellation is given back, never leaked. If the store stays unreachable
+// for the grace period, the error wraps ErrUnavailable; nothing is ever
+// admitted without the store. After Close it returns ErrClosed.
+func (b *Budget) Acquire(ctx context.Context, req Request) (*Lease, error) {
+	nreq, err := req.Normalize()
+	if err != nil {
+		return nil, err
+	}
+	if b.limits.MemoryBytes > 0 && nreq.MemoryBytes > b.limits.MemoryBytes {
+		return nil, fmt.Errorf("%w: %d bytes of memory asked, the run's ceiling is %d",
+			ErrNeverAdmissible, nreq.MemoryBytes, b.limits.MemoryBytes)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	b.mu.RLock()
+	if b.closed {
+		b.mu.RUnlock()
+		return nil, ErrClosed
+	}
+	b.active.Add(1)
+	b.mu.RUnlock()
+	defer b.active.Done()
+
+	id := b.newID()
+	var (
+		timer     *time.Timer
+		downSince time.Time // first failure of the current outage
+		backoff   = 10 * time.Millisecond
+	)
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		sent := time.Now()
+		att, err := b.store.TryAcquire(ctx, id, nreq)
+		if err != nil {
+			if ctx.Err() != nil {
+				b.abandon(ctx, id)
+				return nil, ctx.Err()
+			}
+			if !errors.Is(err, ErrUnavailable) {
+				b.abandon(ctx, id)
+				return nil, err
+			}
+			if downSince.IsZero() {
+				downSince = sent
+			}
+			if time.Since(downSince) >= b.grace {
+				b.abandon(ctx, id)
+				return nil, err
+			}
+			// Back off (doubling, capped) before the next try.
+			att = Attempt{Outcome: Delayed, Wait: min(backoff, b.grace-time.Since(downSince))}
+			backoff = min(2*backoff, time.Second)
+		} else {
+			downSince, backoff = time.Time{}, 10*time.Millisecond
+		}
+
+		if att.Outcome == Granted {
+			if ctx.Err() != nil {
+				// Granted in the same moment the caller gave up: give it back.
+				b.abandon(ctx, id)
+				return nil, ctx.Err()
+			}
+			l := lease.New(id, nreq.Parts(), b.store)
+			if b.keeper != nil {
+				b.keeper.Track(l, sent)
+			}
+			return l, nil
+		}
+
+		// Queued or Delayed: sleep until woken, until the wait is over, or,
+		// when the store expires waiters, until the next liveness call is due.
+		// That call also recovers from a wake that was lost on the way.
+		wait := time.Duration(-1)
+		if b.keeper != nil {
+			wait = b.keeper.Interval()
+		}
+		if att.Outcome == Delayed && (wait < 0 || att.Wait < wait) {
+			wait = max(att.Wait, time.Microsecond)
+		}
+		var tick <-chan time.Time
+		if wait >= 0 {
+			if timer == nil {
+				timer = time.NewTimer(wait)
+			} else {
+				timer.Reset(wait)
+			}
+			tick = timer.C
+		}
+		select {
+		case <-att.Wake:
+		case <-tick:
+		case <-ctx.Done():
+			b.abandon(ctx, id)
+			return nil, ctx.Err()
+		case <-b.done:
+			b.abandon(ctx, id)
+			return nil, ErrClosed
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+	}
+}
+
+// abandon takes id out of the store: out of every queue, and any grant made
+// under it (a reply lost to a timeout, a race with cancellation) returned.
+// It runs on a context detached from the caller's, which has usually ended.
+// If the store cannot be reached, the waiter and any lease expire on their
+// own, since nothing renews them.
+func (b *Budget) abandon(ctx context.Context, id string) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease.RetireTimeout)
+	defer cancel()
+	b.store.Cancel(cctx, id)
+}
+
+// Throttle records that the provider throttled a request on d. Every
+// consumer of d slows down together: the domain's rate factor drops (once for
+// a burst of reports, however many consumers send them) and recovers on its
+// own, and when retryAfter is positive no new request starts on d before it
+// has passed. Other domains are untouched.
+//
+// An invalid d is an error wrapping ErrInvalidDomain, never a silent no-op:
+// dropping provider feedback would hide a throttle exactly when it matters.
+// A negative retryAfter wraps ErrInvalidRequest; zero means unknown.
+func (b *Budget) Throttle(ctx context.Context, d Domain, retryAfter time.Duration) error {
+	if err := d.Validate(); err != nil {
+		return err
+	}
+	if retryAfter < 0 {
+		return fmt.Errorf("%w: negative retry-after %v for %s", ErrInvalidRequest, retryAfter, d)
+	}
+	if b.isClosed() {
+		return ErrClosed
+	}
+	return b.retry(ctx, func(ctx context.Context) error { return b.store.Throttle(ctx, d, retryAfter) })
+}
+
+// Usage returns a consistent snapshot of the budget: per domain in flight
+// by class, open bodies, rate factor, pause and waiters; memory held; and the
+// number of waiters. Once every lease is released and nobody waits, it is
+// the zero Usage (apart from domains still recovering from a throttle).
+func (b *Budget) Usage(ctx context.Context) (Usage, error) {
+	if b.isClosed() {
+		return Usage{}, ErrClosed
+	}
+	var u Usage
+	err := b.retry(ctx, func(ctx context.Context) (err error) {
+		u, err = b.store.Usage(ctx)
+		return err
+	})
+	return u, err
+}
+
+// Close stops the budget: waiting Acquire calls return ErrClosed and leave
+// their queues, renewals stop, and the store is closed. A lease still held is
+// no longer renewed: its Lost channel closes and the store reclaims it within
+// one TTL. Release leases before Close. Later calls return nil.
+func (b *Budget) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	close(b.done)
+	b.mu.Unlock()
+
+	b.active.Wait()
+	if b.keeper != nil {
+		b.keeper.Stop()
+	}
+	return b.store.Close()
+}
+
+func (b *Budget) isClosed() bool {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	return b.closed
+}
+
+// retry runs fn until it succeeds, fails with an error other than
+// ErrUnavailable, ctx ends, or the store has been unavailable for the grace.
+func (b *Budget) retry(ctx context.Context, fn func(context.Context) error) error {
+	start := time.Now()
+	backoff := 10 * time.Millisecond
+	for {
+		err := fn(ctx)
+		if err == nil || !errors.Is(err, ErrUnavailable) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		left := b.grace - time.Since(start)
+		if left <= 0 {
+			return err
+		}
+		t := time.NewTimer(min(backoff, left))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}

@@ -1,0 +1,524 @@
+package budget
+
+import (
+	"container/list"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/runbudget/runbudget/lease"
+)
+
+// memStore is the in-process Store: one mutex over plain maps. It is the
+// reference for the Redis scripts, which keep the same state in the same
+// shape and take the same decisions; budgettest runs one suite over both.
+type memStore struct {
+	now func() time.Time
+
+	mu         sync.Mutex
+	registered bool
+	limits     Limits
+	caps       [4]int // in-flight ceilings by class index
+	seq        uint64 // arrival tickets
+	domains    map[Domain]*domainState
+	waiters    map[string]*waiter
+	leases     map[string]*memLease
+	memHeld    int64
+	// memQ holds, oldest first, the waiters that head all their queues but
+	// wait for memory. Memory is one run-global pool, so it is handed out by
+	// arrival too: a younger request may not take memory an older blocked one
+	// is waiting for, or a stream of small buffers would starve a large one.
+	memQ []*waiter
+	// draining holds domains whose only state left is a refilling bucket;
+	// they are deleted once full, so a deleted domain never comes back with
+	// more tokens than it had.
+	draining map[*domainState]struct{}
+}
+
+type domainState struct {
+	d        Domain
+	queue    list.List // *waiter, oldest first
+	inFlight [4]int
+	bodies   int
+
+	bucket   bool // tokens and tokensAt are set
+	tokens   float64
+	tokensAt time.Time
+
+	throttled  bool      // a decrease is in force (factor < 1)
+	wmax       float64   // factor just before the last decrease
+	droppedAt  time.Time // time of the last decrease
+	base       float64   // measured start rate captured for a domain without a ceiling
+	pauseUntil time.Time
+
+	startSum   float64 // decaying sum of starts, in starts per second
+	startAt    time.Time
+	firstStart time.Time
+}
+
+type waiter struct {
+	id          string
+	ticket      uint64
+	req         Request
+	doms        []*domainState
+	elems       []*list.Element // this waiter's element in each domain queue
+	wake        chan struct{}
+	slotBlocked bool // its last attempt, as head, found a slot or body taken
+	inMemQ      bool
+}
+
+type memLease struct {
+	doms  []*domainState
+	class int
+	mem   int64
+	held  lease.Parts
+}
+
+func newMemStore(now func() time.Time) *memStore {
+	return &memStore{
+		now:      now,
+		domains:  make(map[Domain]*domainState),
+		waiters:  make(map[string]*waiter),
+		leases:   make(map[string]*memLease),
+		draining: make(map[*domainState]struct{}),
+	}
+}
+
+var _ Store = (*memStore)(nil)
+
+func (s *memStore) Register(_ context.Context, limits Limits, replace bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.registered && !replace && !s.limits.Equal(limits) {
+		return fmt.Errorf("%w", ErrLimitsConflict)
+	}
+	s.registered = true
+	s.limits = limits
+	s.caps = limits.inFlightCaps()
+	return nil
+}
+
+func (s *memStore) LeaseTTL() time.Duration { return 0 }
+func (s *memStore) Close() error            { return nil }
+
+func (s *memStore) TryAcquire(_ context.Context, id string, req Request) (Attempt, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.leases[id]; ok {
+		return Attempt{Outcome: Granted}, nil // a repeated call after a grant
+	}
+	if s.limits.MemoryBytes > 0 && req.MemoryBytes > s.limits.MemoryBytes {
+		if w := s.waiters[id]; w != nil {
+			s.removeWaiter(w)
+		}
+		return Attempt{}, fmt.Errorf("%w: %d bytes of memory asked, the run's ceiling is %d",
+			ErrNeverAdmissible, req.MemoryBytes, s.limits.MemoryBytes)
+	}
+	now := s.now()
+	s.sweep(now)
+
+	w := s.waiters[id]
+	if w == nil {
+		doms := make([]*domainState, len(req.Domains))
+		empty := true
+		for i, d := range req.Domains {
+			doms[i] = s.domain(d)
+			empty = empty && doms[i].queue.Len() == 0
+		}
+		// Nobody ahead anywhere: admit without queueing if everything fits.
+		if empty {
+			if slot, mem, wait := s.check(doms, req, now, ^uint64(0)); !slot && !mem && wait == 0 {
+				s.grant(id, doms, req, now)
+				return Attempt{Outcome: Granted}, nil
+			}
+		}
+		s.seq++
+		w = &waiter{id: id, ticket: s.seq, req: req, doms: doms, elems: make([]*list.Element, len(doms)), wake: make(chan struct{}, 1)}
+		for i, ds := range doms {
+			w.elems[i] = ds.queue.PushBack(w)
+			delete(s.draining, ds)
+		}
+		s.waiters[id] = w
+	}
+	return s.attempt(w, now), nil
+}
+
+// attempt decides for a queued waiter. Lock held.
+func (s *memStore) attempt(w *waiter, now time.Time) Attempt {
+	for i, ds := range w.doms {
+		if ds.queue.Front() != w.elems[i] {
+			return Attempt{Outcome: Queued, Wake: w.wake}
+		}
+	}
+	slot, mem, wait := s.check(w.doms, w.req, now, w.ticket)
+	w.slotBlocked = slot
+	if mem {
+		s.memQAdd(w)
+	} else {
+		s.memQRemove(w)
+	}
+	switch {
+	case slot || mem:
+		return Attempt{Outcome: Queued, Wake: w.wake}
+	case wait > 0:
+		return Attempt{Outcome: Delayed, Wait: wait, Wake: w.wake}
+	}
+	s.grant(w.id, w.doms, w.req, now)
+	s.removeWaiter(w)
+	return Attempt{Outcome: Granted}
+}
+
+// check reports, without changing any count, whether req could start now:
+// slot is set when an in-flight or body ceiling is full on some domain, mem
+// when memory is short (or promised to an older waiter), and wait is how long
+// the rate or a pause holds it back. Refilling buckets is its only write.
+func (s *memStore) check(doms []*domainState, req Request, now time.Time, ticket uint64) (slot, mem bool, wait time.Duration) {
+	class := req.Class.Index()
+	for _, ds := range doms {
+		s.settle(ds, now)
+		if now.Before(ds.pauseUntil) {
+			wait = max(wait, ds.pauseUntil.Sub(now))
+		}
+		if c := s.caps[class]; c > 0 && ds.inFlight[class] >= c {
+			slot = true
+		}
+		if req.OpensBody && s.limits.OpenBodies > 0 && ds.bodies >= s.limits.OpenBodies {
+			slot = true
+		}
+		if rate, burst := s.rate(ds, now); rate > 0 {
+			s.refill(ds, now, rate, burst)
+			if ds.tokens < 1 {
+				wait = max(wait, secondsToDuration((1-ds.tokens)/rate))
+			}
+		}
+	}
+	if req.MemoryBytes > 0 && s.limits.MemoryBytes > 0 {
+		if s.memHeld+req.MemoryBytes > s.limits.MemoryBytes ||
+			(len(s.memQ) > 0 && s.memQ[0].ticket < ticket) {
+			mem = true
+		}
+	}
+	return slot, mem, wait
+}
+
+// grant charges req to every domain and the memory pool, and records the
+// lease. Lock held; check has just refilled the buckets at now.
+func (s *memStore) grant(id string, doms []*domainState, req Request, now time.Time) {
+	class := req.Class.Index()
+	for _, ds := range doms {
+		ds.inFlight[class]++
+		if req.OpensBody {
+			ds.bodies++
+		}
+		if ds.bucket {
+			ds.tokens--
+		}
+		if ds.firstStart.IsZero() {
+			ds.firstStart = now
+		}
+		ds.startSum = decayRate(ds.startSum, now.Sub(ds.startAt).Seconds()) + 1/startRateTau.Seconds()
+		ds.startAt = now
+		delete(s.draining, ds)
+	}
+	s.memHeld += req.MemoryBytes
+	s.leases[id] = &memLease{doms: doms, class: class, mem: req.MemoryBytes, held: req.Parts()}
+}
+
+// removeWaiter takes w out of every queue and wakes whoever now heads them.
+func (s *memStore) removeWaiter(w *waiter) {
+	for i, ds := range w.doms {
+		head := ds.queue.Front() == w.elems[i]
+		ds.queue.Remove(w.elems[i])
+		if next := ds.queue.Front(); head && next != nil {
+			wake(next.Value.(*waiter))
+		}
+		s.maybeIdle(ds)
+	}
+	s.memQRemove(w)
+	delete(s.waiters, w.id)
+}
+
+func (s *memStore) memQAdd(w *waiter) {
+	if w.inMemQ {
+		return
+	}
+	i, _ := slices.BinarySearchFunc(s.memQ, w.ticket, func(x *waiter, t uint64) int {
+		switch {
+		case x.ticket < t:
+			return -1
+		case x.ticket > t:
+			return 1
+		}
+		return 0
+	})
+	s.memQ = slices.Insert(s.memQ, i, w)
+	w.inMemQ = true
+}
+
+// memQRemove drops w from the memory line; when w was first, the new first
+// may now fit and is woken.
+func (s *memStore) memQRemove(w *waiter) {
+	if !w.inMemQ {
+		return
+	}
+	i := slices.Index(s.memQ, w)
+	s.memQ = slices.Delete(s.memQ, i, i+1)
+	w.inMemQ = false
+	if i == 0 && len(s.memQ) > 0 {
+		wake(s.memQ[0])
+	}
+}
+
+func wake(w *waiter) {
+	select {
+	case w.wake <- struct{}{}:
+	default: // already signalled
+	}
+}
+
+func (s *memStore) Cancel(_ context.Context, id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w := s.waiters[id]; w != nil {
+		s.removeWaiter(w)
+	}
+	if l := s.leases[id]; l != nil {
+		s.retire(id, l, lease.All)
+	}
+	return nil
+}
+
+func (s *memStore) Retire(_ context.Context, id string, parts lease.Parts) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l := s.leases[id]; l != nil {
+		s.retire(id, l, parts)
+	}
+	return nil
+}
+
+// retire returns parts of l, and wakes the heads that were waiting for what
+// came free (a slot wakes slot-blocked heads, memory the oldest memory
+// waiter). Lock held.
+func (s *memStore) retire(id string, l *memLease, parts lease.Parts) {
+	parts &= l.held
+	if parts == 0 {
+		return
+	}
+	l.held &^= parts
+	if parts&(lease.Request|lease.Body) != 0 {
+		for _, ds := range l.doms {
+			if parts&lease.Request != 0 {
+				ds.inFlight[l.class]--
+			}
+			if parts&lease.Body != 0 {
+				ds.bodies--
+			}
+			if f := ds.queue.Front(); f != nil {
+				if h := f.Value.(*waiter); h.slotBlocked {
+					wake(h)
+				}
+			}
+			s.maybeIdle(ds)
+		}
+	}
+	if parts&lease.Memory != 0 {
+		s.memHeld -= l.mem
+		if len(s.memQ) > 0 {
+			wake(s.memQ[0])
+		}
+	}
+	if l.held == 0 {
+		delete(s.leases, id)
+	}
+}
+
+func (s *memStore) Heartbeat(_ context.Context, ids []string) ([]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var missing []string
+	for _, id := range ids {
+		if _, ok := s.leases[id]; !ok {
+			missing = append(missing, id)
+		}
+	}
+	return missing, nil
+}
+
+func (s *memStore) Throttle(_ context.Context, d Domain, retryAfter time.Duration) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	ds := s.domain(d)
+	s.settle(ds, now)
+	// Bring the bucket up to now at the old rate before the rate changes.
+	if rate, burst := s.rate(ds, now); rate > 0 {
+		s.refill(ds, now, rate, burst)
+	}
+	windowEnd := ds.droppedAt.Add(ThrottleWindow)
+	if ds.pauseUntil.After(windowEnd) {
+		windowEnd = ds.pauseUntil
+	}
+	if !ds.throttled || !now.Before(windowEnd) {
+		// A new congestion event: one multiplicative decrease.
+		if !ds.throttled && s.limits.RequestsPerSecond == 0 {
+			ds.base = minBaseRate
+			if !ds.firstStart.IsZero() {
+				ds.base = max(minBaseRate, measuredRate(ds.startSum, now.Sub(ds.startAt).Seconds(), now.Sub(ds.firstStart).Seconds()))
+			}
+		}
+		ds.wmax = s.factor(ds, now)
+		ds.droppedAt = now
+		ds.throttled = true
+		// Saved-up burst would only re-trigger the throttle: start empty.
+		ds.bucket, ds.tokens, ds.tokensAt = true, 0, now
+	}
+	if retryAfter > 0 {
+		if until := now.Add(retryAfter); until.After(ds.pauseUntil) {
+			ds.pauseUntil = until
+		}
+		// Nothing accrues while paused, so the pause does not end in a burst.
+		ds.tokens = min(ds.tokens, 0)
+		if ds.pauseUntil.After(ds.tokensAt) {
+			ds.tokensAt = ds.pauseUntil
+		}
+	}
+	delete(s.draining, ds)
+	return nil
+}
+
+// factor is the domain's rate factor at now (1 when not throttled).
+func (s *memStore) factor(ds *domainState, now time.Time) float64 {
+	if !ds.throttled {
+		return 1
+	}
+	return throttleFactor(ds.wmax, now.Sub(ds.droppedAt).Seconds())
+}
+
+// settle ends a throttle whose factor has recovered to 1. For a domain with
+// no rate ceiling its bucket goes too: it is unbounded again.
+func (s *memStore) settle(ds *domainState, now time.Time) {
+	if ds.throttled && s.factor(ds, now) >= 1 {
+		ds.throttled = false
+		ds.base = 0
+		if s.limits.RequestsPerSecond == 0 {
+			ds.bucket = false
+		}
+	}
+}
+
+// rate returns the domain's effective rate and bucket size at now; a zero
+// rate means starts are not rate limited.
+func (s *memStore) rate(ds *domainState, now time.Time) (rate, burst float64) {
+	f := s.factor(ds, now)
+	switch {
+	case s.limits.RequestsPerSecond > 0:
+		return s.limits.RequestsPerSecond * f, max(1, float64(s.limits.Burst)*f)
+	case ds.throttled:
+		r := ds.base * f
+		return r, max(1, r)
+	}
+	return 0, 0
+}
+
+func (s *memStore) refill(ds *domainState, now time.Time, rate, burst float64) {
+	if !ds.bucket {
+		ds.bucket, ds.tokens, ds.tokensAt = true, burst, now
+		return
+	}
+	if dt := now.Sub(ds.tokensAt).Seconds(); dt > 0 {
+		ds.tokens += dt * rate
+		ds.tokensAt = now
+	}
+	ds.tokens = min(ds.tokens, burst)
+}
+
+// domain returns the state of d, creating it on first use.
+func (s *memStore) domain(d Domain) *domainState {
+	ds := s.domains[d]
+	if ds == nil {
+		ds = &domainState{d: d}
+		s.domains[d] = ds
+	}
+	return ds
+}
+
+// maybeIdle notes a domain that may soon hold nothing worth keeping.
+func (s *memStore) maybeIdle(ds *domainState) {
+	if ds.queue.Len() == 0 && ds.inFlight == [4]int{} && ds.bodies == 0 {
+		s.draining[ds] = struct{}{}
+	}
+}
+
+// sweep deletes up to a few draining domains whose state has returned to
+// what a fresh domain would have. Bounded, like the Redis reclaim step, so no
+// call pays for a large backlog.
+func (s *memStore) sweep(now time.Time) {
+	n := 0
+	for ds := range s.draining {
+		if n == 4 {
+			return
+		}
+		n++
+		if ds.queue.Len() != 0 || ds.inFlight != [4]int{} || ds.bodies != 0 {
+			delete(s.draining, ds)
+			continue
+		}
+		s.settle(ds, now)
+		if ds.throttled || now.Before(ds.pauseUntil) || now.Sub(ds.startAt) < startRateMemory {
+			continue
+		}
+		if rate, burst := s.rate(ds, now); rate > 0 {
+			s.refill(ds, now, rate, burst)
+			if ds.tokens < burst {
+				continue
+			}
+		}
+		delete(s.draining, ds)
+		delete(s.domains, ds.d)
+	}
+}
+
+func (s *memStore) Usage(_ context.Context) (Usage, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	u := Usage{MemoryHeld: s.memHeld, Waiters: len(s.waiters)}
+	for _, ds := range s.domains {
+		du := DomainUsage{Domain: ds.d, OpenBodies: ds.bodies, RateFactor: s.factor(ds, now), Waiters: ds.queue.Len()}
+		if now.Before(ds.pauseUntil) {
+			du.Paused = ds.pauseUntil.Sub(now)
+		}
+		for i, n := range ds.inFlight {
+			if n > 0 {
+				if du.InFlight == nil {
+					du.InFlight = make(map[OpClass]int)
+				}
+				du.InFlight[Classes[i]] = n
+			}
+		}
+		if du.InFlight == nil && du.OpenBodies == 0 && du.Waiters == 0 && du.RateFactor >= 1 && du.Paused == 0 {
+			continue
+		}
+		u.Domains = append(u.Domains, du)
+	}
+	slices.SortFunc(u.Domains, func(a, b DomainUsage) int { return a.Domain.compare(b.Domain) })
+	return u, nil
+}
+
+// secondsToDuration converts, rounding up so a waiter never wakes a hair
+// before its token exists.
+func secondsToDuration(s float64) time.Duration {
+	d := time.Duration(s * float64(time.Second))
+	if float64(d) < s*float64(time.Second) {
+		d++
+	}
+	return max(d, time.Nanosecond)
+}
+
+// NewLocalStore returns an in-process Store: what New uses when no store is
+// given. Several Budgets built WithStore over one local store share one
+// budget, as hosts do over Redis; closing one does not affect the others.
+func NewLocalStore() Store { return newMemStore(time.Now) }

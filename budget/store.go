@@ -1,0 +1,96 @@
+package budget
+
+import (
+	"context"
+	"time"
+
+	"github.com/runbudget/runbudget/lease"
+)
+
+// Store is where a budget's state lives. Each method is one atomic step; the
+// waiting, retrying and lease objects are the Budget's, and are the same for
+// every store. The in-process store (the default) and redisstore implement
+// it, and budgettest holds the conformance suite both must pass.
+//
+// IDs are chosen by the caller before a call, so a call whose outcome is
+// unknown (a timeout, a lost reply) can be repeated or undone by ID: every
+// method must be idempotent by its ID.
+type Store interface {
+	// Register stores limits (already normalized) as the budget's limits if
+	// none are stored, or if replace is set. Otherwise stored limits that
+	// differ give an error wrapping ErrLimitsConflict.
+	Register(ctx context.Context, limits Limits, replace bool) error
+
+	// TryAcquire makes one admission attempt for waiter id. The first call
+	// with an id places the waiter in arrival order on every domain of req
+	// (normalized); later calls find it there, keep its place, and refresh
+	// its liveness. A call for an id already granted returns Granted again
+	// without granting twice. The granted lease has the same id.
+	TryAcquire(ctx context.Context, id string, req Request) (Attempt, error)
+
+	// Cancel takes waiter id out of every queue and returns anything granted
+	// under id. Unknown ids are not an error.
+	Cancel(ctx context.Context, id string) error
+
+	// Retire returns parts of lease id; parts already returned, and unknown
+	// leases, are ignored.
+	Retire(ctx context.Context, id string, parts lease.Parts) error
+
+	// Heartbeat renews the listed leases in one call and returns the IDs the
+	// store no longer holds.
+	Heartbeat(ctx context.Context, ids []string) (missing []string, err error)
+
+	// Throttle records that the provider throttled a request on d (valid);
+	// retryAfter, when positive, pauses new starts on d for that long.
+	Throttle(ctx context.Context, d Domain, retryAfter time.Duration) error
+
+	// Usage returns a consistent snapshot of the budget.
+	Usage(ctx context.Context) (Usage, error)
+
+	// LeaseTTL is how long a lease or waiter lives without renewal; zero when
+	// the store never expires them (the in-process store).
+	LeaseTTL() time.Duration
+
+	// Close releases what the store started (connections it owns,
+	// subscriptions, goroutines). The Budget calls it from Close.
+	Close() error
+}
+
+// Outcome is the result of one admission attempt.
+type Outcome int
+
+// The outcomes of TryAcquire.
+const (
+	// Granted: the lease exists in the store; the request may start.
+	Granted Outcome = iota + 1
+	// Queued: the waiter must wait for an event (a predecessor leaving, a
+	// slot or memory freed). Attempt.Wake is signalled when it may move.
+	Queued
+	// Delayed: the waiter heads its queues but waits on time (the token
+	// bucket or a provider's pause). Try again after Attempt.Wait.
+	Delayed
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Granted:
+		return "granted"
+	case Queued:
+		return "queued"
+	case Delayed:
+		return "delayed"
+	}
+	return "outcome(?)"
+}
+
+// Attempt is what TryAcquire found.
+type Attempt struct {
+	Outcome Outcome
+	// Wait is how long a Delayed waiter should sleep, measured by the
+	// store's clock (for Redis, its TIME), so client clocks never matter.
+	Wait time.Duration
+	// Wake, for Queued and Delayed, receives a value when the waiter may be
+	// able to move. It may be signalled spuriously; the waiter then simply
+	// tries again. It stays valid until the id is granted or cancelled.
+	Wake <-chan struct{}
+}

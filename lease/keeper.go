@@ -1,0 +1,210 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// Renewer is what a Keeper needs from a store that expires leases.
+type Renewer interface {
+	Retirer
+	// Heartbeat extends the expiry of every listed lease that the store still
+	// holds, in one call however many there are, and returns the IDs it no
+	// longer holds. It never brings back a lease that was released or
+	// reclaimed.
+	Heartbeat(ctx context.Context, ids []string) (missing []string, err error)
+}
+
+// Keeper renews every live lease of one process with one store call per
+// interval, and tells a holder through Lost() when its lease is gone.
+//
+// A lease is declared lost when the store reports it missing, or when no
+// renewal has been confirmed for a whole TTL counted from the moment the last
+// confirmed renewal was sent. The store's expiry is never earlier than that
+// moment plus the TTL, so the holder hears of the loss no later than the store
+// acts on it.
+type Keeper struct {
+	r        Renewer
+	ttl      time.Duration
+	interval time.Duration
+	now      func() time.Time
+
+	mu     sync.Mutex
+	leases map[string]*Lease
+
+	stop     chan struct{}
+	done     chan struct{}
+	stopOnce sync.Once
+}
+
+// NewKeeper starts a keeper that renews leases of r every ttl/3. Stop ends it.
+func NewKeeper(r Renewer, ttl time.Duration) (*Keeper, error) {
+	if r == nil {
+		return nil, errors.New("lease: NewKeeper needs a Renewer")
+	}
+	if ttl < 3*time.Millisecond {
+		return nil, errors.New("lease: keeper TTL must be at least 3ms")
+	}
+	k := &Keeper{
+		r:        r,
+		ttl:      ttl,
+		interval: ttl / 3,
+		now:      time.Now,
+		leases:   make(map[string]*Lease),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	go k.run()
+	return k, nil
+}
+
+// Interval is the time between two renewals.
+func (k *Keeper) Interval() time.Duration { return k.interval }
+
+// Track adds l to the renewals. sentAt is when the call that created the
+// lease in the store was sent: the store's expiry counts from after it.
+func (k *Keeper) Track(l *Lease, sentAt time.Time) {
+	l.mu.Lock()
+	l.keeper = k
+	l.renewed = sentAt
+	l.mu.Unlock()
+	select {
+	case <-k.stop:
+		// The keeper is gone: nobody will renew this lease.
+		l.markLost()
+		return
+	default:
+	}
+	k.mu.Lock()
+	k.leases[l.id] = l
+	k.mu.Unlock()
+}
+
+// Len reports how many leases the keeper renews.
+func (k *Keeper) Len() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.leases)
+}
+
+func (k *Keeper) untrack(l *Lease) {
+	k.mu.Lock()
+	if k.leases[l.id] == l {
+		delete(k.leases, l.id)
+	}
+	k.mu.Unlock()
+}
+
+// Stop ends renewals and waits for the keeper's goroutine to exit. Leases
+// still tracked are marked lost, because nothing renews them any more. Later
+// calls do nothing.
+func (k *Keeper) Stop() {
+	k.stopOnce.Do(func() {
+		close(k.stop)
+		<-k.done
+		k.mu.Lock()
+		left := k.leases
+		k.leases = make(map[string]*Lease)
+		k.mu.Unlock()
+		for _, l := range left {
+			l.markLost()
+		}
+	})
+}
+
+func (k *Keeper) run() {
+	defer close(k.done)
+	t := time.NewTicker(k.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-k.stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), k.interval)
+			k.Beat(ctx)
+			cancel()
+		}
+	}
+}
+
+// Beat runs one renewal round now: it retries retirements the store did not
+// confirm, renews every lease still held in one Heartbeat call, and marks lost
+// the leases the store no longer has or that went a whole TTL unrenewed. It is
+// exported so tests and tools can drive renewals without waiting.
+func (k *Keeper) Beat(ctx context.Context) {
+	now := k.now()
+	k.mu.Lock()
+	all := make([]*Lease, 0, len(k.leases))
+	for _, l := range k.leases {
+		all = append(all, l)
+	}
+	k.mu.Unlock()
+
+	renew := make([]*Lease, 0, len(all))
+	for _, l := range all {
+		l.mu.Lock()
+		expired := now.Sub(l.renewed) >= k.ttl
+		lost := l.isLost
+		pending := l.pending
+		l.pending = 0
+		held := l.held
+		l.mu.Unlock()
+
+		switch {
+		case lost:
+			k.untrack(l)
+			continue
+		case expired:
+			l.markLost()
+			k.untrack(l)
+			continue
+		}
+		if pending != 0 {
+			if err := k.r.Retire(ctx, l.id, pending); err != nil {
+				l.mu.Lock()
+				l.pending |= pending
+				l.mu.Unlock()
+			} else if held == 0 {
+				k.untrack(l)
+				continue
+			}
+		}
+		if held != 0 {
+			renew = append(renew, l)
+		}
+	}
+	if len(renew) == 0 {
+		return
+	}
+	ids := make([]string, len(renew))
+	for i, l := range renew {
+		ids[i] = l.id
+	}
+	missing, err := k.r.Heartbeat(ctx, ids)
+	if err != nil {
+		return // the TTL check above declares the loss if this persists
+	}
+	gone := make(map[string]struct{}, len(missing))
+	for _, id := range missing {
+		gone[id] = struct{}{}
+	}
+	for _, l := range renew {
+		if _, ok := gone[l.id]; ok {
+			// A lease released while this beat was in flight is missing
+			// because it was released, not lost.
+			if l.Held() != 0 {
+				l.markLost()
+			}
+			k.untrack(l)
+			continue
+		}
+		l.mu.Lock()
+		if now.After(l.renewed) {
+			l.renewed = now
+		}
+		l.mu.Unlock()
+	}
+}

@@ -1,0 +1,176 @@
+// Package lease holds an admitted request's share of a run budget, and keeps
+// the shares of one process alive in a store that expires them otherwise.
+//
+// A lease has three parts that end at different moments: the request slot
+// (the provider call), the open body (the connection still streaming), and the
+// memory reservation (a buffer decoded from the body). Each is retired on its
+// own, so a consumer never has to choose between holding a ceiling it no
+// longer needs and releasing one it still does.
+package lease
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Parts is a set of a lease's reservations.
+type Parts uint8
+
+// The reservations a lease can hold.
+const (
+	Request Parts = 1 << iota // the in-flight request slot of its class
+	Body                      // the open-body slot
+	Memory                    // the run-global memory reservation
+
+	All = Request | Body | Memory
+)
+
+// String names the parts, for logs and errors.
+func (p Parts) String() string {
+	if p == 0 {
+		return "none"
+	}
+	s := ""
+	for _, x := range []struct {
+		p    Parts
+		name string
+	}{{Request, "request"}, {Body, "body"}, {Memory, "memory"}} {
+		if p&x.p != 0 {
+			if s != "" {
+				s += "+"
+			}
+			s += x.name
+		}
+	}
+	return s
+}
+
+// Retirer gives parts of a lease back to the store that granted it. Retire
+// must be idempotent: retiring a part twice, or a lease the store no longer
+// knows, changes nothing and is not an error.
+type Retirer interface {
+	Retire(ctx context.Context, id string, parts Parts) error
+}
+
+// RetireTimeout bounds one call to the store when a lease part is retired.
+// Retirement has no context of its own (it is usually deferred); a call that
+// fails or times out is retried by the Keeper, and a lease that is never
+// renewed again is reclaimed by the store within one TTL in any case.
+const RetireTimeout = 5 * time.Second
+
+// Lease is one admitted request's hold on a budget. Its methods are safe to
+// call from any goroutine, any number of times.
+type Lease struct {
+	id string
+	r  Retirer
+
+	mu      sync.Mutex
+	held    Parts // parts the holder has not retired
+	pending Parts // retired by the holder, not yet confirmed by the store
+	lost    chan struct{}
+	isLost  bool
+	keeper  *Keeper
+	renewed time.Time // when the last renewal that covered this lease was sent
+}
+
+// New returns a lease holding parts under id, retired through r. Stores and
+// the budget call it after a grant; consumers get leases from Budget.Acquire.
+func New(id string, held Parts, r Retirer) *Lease {
+	return &Lease{id: id, r: r, held: held & All}
+}
+
+// ID returns the lease's identifier, as the store knows it.
+func (l *Lease) ID() string { return l.id }
+
+// Held reports the parts the holder has not yet retired.
+func (l *Lease) Held() Parts {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.held
+}
+
+// CompleteRequest retires the request slot once the provider call has
+// returned. Any open body and the memory reservation stay held.
+func (l *Lease) CompleteRequest() { l.retire(Request) }
+
+// CloseBody retires the open-body slot once the response body is closed. The
+// body slot stands for the provider connection, so close it as soon as the
+// body is drained rather than at Release.
+func (l *Lease) CloseBody() { l.retire(Body) }
+
+// ReleaseMemory retires the memory reservation once the buffer is gone.
+func (l *Lease) ReleaseMemory() { l.retire(Memory) }
+
+// Release retires whatever the lease still holds. It is the safety net for
+// paths that did not retire each part as it ended; deferring it right after
+// Acquire is always correct, whatever was retired before.
+func (l *Lease) Release() { l.retire(All) }
+
+// Lost returns a channel that is closed when the lease stopped being held
+// before it was released: the store expired it (a long pause, a partition, a
+// Redis restart) or the budget was closed under it. A holder that sees it
+// closed should stop the work the lease covered; retiring afterwards is still
+// safe and does nothing harmful.
+func (l *Lease) Lost() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lost == nil {
+		// Allocated on first use: most leases are released without anyone
+		// ever asking, and the hot path should not pay for a channel.
+		l.lost = make(chan struct{})
+		if l.isLost {
+			close(l.lost)
+		}
+	}
+	return l.lost
+}
+
+// retire takes parts out of held and asks the store to return them. A part
+// the store could not confirm stays pending for the keeper to retry.
+func (l *Lease) retire(parts Parts) {
+	l.mu.Lock()
+	parts &= l.held
+	if parts == 0 {
+		l.mu.Unlock()
+		return
+	}
+	l.held &^= parts
+	parts |= l.pending
+	l.pending = 0
+	lost := l.isLost
+	k := l.keeper
+	done := l.held == 0
+	l.mu.Unlock()
+
+	if lost {
+		// The store already dropped this lease; nothing of it is left there.
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), RetireTimeout)
+	err := l.r.Retire(ctx, l.id, parts)
+	cancel()
+	if err != nil {
+		l.mu.Lock()
+		l.pending |= parts
+		l.mu.Unlock()
+		return // the keeper (if any) retries; without one the store never fails
+	}
+	if done && k != nil {
+		k.untrack(l)
+	}
+}
+
+// markLost closes Lost() once. It reports whether this call made the change.
+func (l *Lease) markLost() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.isLost {
+		return false
+	}
+	l.isLost = true
+	if l.lost != nil {
+		close(l.lost)
+	}
+	return true
+}

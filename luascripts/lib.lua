@@ -1,0 +1,3 @@
+-- lib.lua: helpers shared by the budget scripts. Source() prepends this file to
+-- every script whose first line is "-- uses: lib.lua"; it defines only locals
+-- and functions, and touches no key by itself.
