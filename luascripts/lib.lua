@@ -1,3 +1,319 @@
--- lib.lua: helpers shared by the budget scripts. Source() prepends this file to
--- every script whose first line is "-- uses: lib.lua"; it defines only locals
--- and functions, and touches no key by itself.
+-- lib.lua: helpers shared by the budget scripts. Source() prepends this file
+-- to every script whose first line is "-- uses: lib.lua".
+--
+-- Conventions of every budget script:
+--   KEYS[1]  the budget's config hash, "rb:{<hex name>}:cfg". Every other key
+--            is built from its prefix and so shares its hash tag (one slot).
+--   ARGV[1]  "PUBLISH" or "SPUBLISH" (sharded pub/sub on Redis Cluster), used
+--            for wake events.
+--   ARGV[2]  idle TTL in ms: how long a key lives after it was last touched.
+--   ARGV[3…] the script's own arguments.
+-- Numbers go back to the client as strings, since Redis truncates a
+-- fractional Lua number reply to an integer. A malformed argument raises an
+-- error reply starting with "RBINVAL" before anything is written.
+--
+-- Key layout under the prefix P:
+--   cfg          hash: limits (json, rps, burst, c0..c3, bodies, mem),
+--                memheld, seq (arrival tickets), epoch
+--   d:<enc>      hash: one domain's counts, bucket, throttle and start rate
+--   q:<enc>      zset: waiters of a domain, scored by arrival ticket
+--   doms         zset: domain encodings, scored by last use (for Usage)
+--   w:<id>       hash: a waiter (ticket, domains, process channel, flags)
+--   wexp         zset: waiter id -> liveness deadline (us)
+--   l:<id>       hash: a lease (domains, class, memory, parts held)
+--   lexp         zset: lease id -> expiry (us)
+--   memq         zset: waiters blocked on memory, scored by ticket
+--   wake:<proc>  pub/sub channel of one process; messages are waiter ids
+-- <enc> is "<version>.<hex of the ID bytes>", injective and free of braces.
+
+local CFG = KEYS[1]
+local P = string.sub(CFG, 1, -4)
+
+local function bad(msg)
+  error({err = 'RBINVAL ' .. msg})
+end
+
+-- Strict decimal integer in [lo, hi]. tonumber alone would accept hex,
+-- padding, "nan" and "inf"; a NaN must never reach a comparison.
+local function int(v, name, lo, hi)
+  if type(v) ~= 'string' or not string.match(v, '^%-?%d+$') or #v > 17 then
+    bad(name .. ' is not a decimal integer')
+  end
+  local n = tonumber(v)
+  if n == nil or n ~= n or n < lo or n > hi then
+    bad(name .. ' is out of range')
+  end
+  return n
+end
+
+-- Strict non-negative decimal with an optional fraction, no exponent.
+local function dec(v, name, hi)
+  if type(v) ~= 'string' or #v > 40 or not (string.match(v, '^%d+%.?%d*$') or string.match(v, '^%d+%.?%d*e[-+]?%d+$')) then
+    bad(name .. ' is not a decimal number')
+  end
+  local n = tonumber(v)
+  if n == nil or n ~= n or n > hi then
+    bad(name .. ' is out of range')
+  end
+  return n
+end
+
+local function enc_arg(v)
+  if type(v) ~= 'string' or not string.match(v, '^%-?%d+%.%x+$') then
+    bad('domain encoding is malformed')
+  end
+  return v
+end
+
+local function id_arg(v, name)
+  if type(v) ~= 'string' or #v == 0 or #v > 200 or string.find(v, '[%s]') then
+    bad(name .. ' is malformed')
+  end
+  return v
+end
+
+local PUB = ARGV[1]
+if PUB ~= 'PUBLISH' and PUB ~= 'SPUBLISH' then
+  bad('publish command must be PUBLISH or SPUBLISH')
+end
+local IDLE = int(ARGV[2], 'idle ttl', 1000, 86400000 * 30)
+
+-- Integers and floats are formatted explicitly: redis.call would turn a Lua
+-- number into a string with 14 significant digits, which loses microseconds.
+local function I(x) return string.format('%d', x) end
+local function F(x) return string.format('%.17g', x) end
+
+-- Redis TIME, read once per script (on 7.0 it advances during a script).
+local function clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- Mirrors of budget/throttle.go. Change both together.
+local BETA = 0.7
+local FLOOR = 0.02
+local RECOVERY = 4.0          -- seconds
+local WINDOW = 1000000        -- coalescing window, us
+local TAU = 2.0               -- start-rate time constant, seconds
+local START_MEMORY = 10000000 -- 5 x TAU, us
+local MIN_BASE = 1.0
+local CUBIC_C = (1 - BETA) / (RECOVERY * RECOVERY * RECOVERY)
+
+local function limits()
+  local v = redis.call('HMGET', CFG, 'rps', 'burst', 'c0', 'c1', 'c2', 'c3', 'bodies', 'mem', 'memheld')
+  if not v[1] then
+    return nil
+  end
+  return {
+    rps = tonumber(v[1]), burst = tonumber(v[2]),
+    caps = {tonumber(v[3]), tonumber(v[4]), tonumber(v[5]), tonumber(v[6])},
+    bodies = tonumber(v[7]), mem = tonumber(v[8]), memheld = tonumber(v[9]) or 0,
+  }
+end
+
+local DF = {'f0', 'f1', 'f2', 'f3', 'b', 'bk', 'tk', 'ta', 'th', 'wm', 'da', 'bs', 'pu', 'ss', 'sa', 'fs'}
+
+local function dload(enc)
+  local key = P .. 'd:' .. enc
+  local v = redis.call('HMGET', key, unpack(DF))
+  local d = {enc = enc, key = key, q = P .. 'q:' .. enc}
+  for i, f in ipairs(DF) do
+    d[f] = tonumber(v[i]) or 0
+  end
+  return d
+end
+
+local function cbrt(x)
+  if x <= 0 then return 0 end
+  return x ^ (1 / 3)
+end
+
+-- The domain's rate factor at now: a cubic climb from BETA*wm back to wm,
+-- reached RECOVERY seconds after a decrease from 1, and past it to 1.
+local function factor(d, now)
+  if d.th ~= 1 then return 1 end
+  local t = (now - d.da) / 1000000
+  local x = t - cbrt(d.wm * (1 - BETA) / CUBIC_C)
+  local f = CUBIC_C * x * x * x + d.wm
+  if f > 1 then f = 1 end
+  if f < FLOOR then f = FLOOR end
+  return f
+end
+
+-- Ends a throttle whose factor is back at 1.
+local function settle(d, now, lim)
+  if d.th == 1 and factor(d, now) >= 1 then
+    d.th = 0
+    d.bs = 0
+    if lim.rps == 0 then d.bk = 0 end
+  end
+end
+
+-- Effective rate (per second) and bucket size; rate 0 means unlimited.
+local function rate(d, now, lim)
+  local f = factor(d, now)
+  if lim.rps > 0 then
+    return lim.rps * f, math.max(1, lim.burst * f)
+  elseif d.th == 1 then
+    local r = d.bs * f
+    return r, math.max(1, r)
+  end
+  return 0, 0
+end
+
+local function refill(d, now, r, burst)
+  if d.bk ~= 1 then
+    d.bk, d.tk, d.ta = 1, burst, now
+    return
+  end
+  local dt = (now - d.ta) / 1000000
+  if dt > 0 then
+    d.tk = d.tk + dt * r
+    d.ta = now
+  end
+  if d.tk > burst then d.tk = burst end
+end
+
+local function decay(sum, dt)
+  if dt <= 0 then return sum end
+  return sum * math.exp(-dt / TAU)
+end
+
+-- Bias-corrected start rate; see measuredRate in budget/throttle.go.
+local function measured(d, now)
+  local age = math.max((now - d.fs) / 1000000, 1)
+  return decay(d.ss, (now - d.sa) / 1000000) / (1 - math.exp(-age / TAU))
+end
+
+-- Writes a domain back, with a TTL long enough for its bucket to refill and
+-- its pause and start history to run out, so an expired domain is exactly a
+-- fresh one.
+local function dsave(d, now, lim)
+  redis.call('HSET', d.key,
+    'f0', I(d.f0), 'f1', I(d.f1), 'f2', I(d.f2), 'f3', I(d.f3), 'b', I(d.b),
+    'bk', I(d.bk), 'tk', F(d.tk), 'ta', I(d.ta), 'th', I(d.th), 'wm', F(d.wm),
+    'da', I(d.da), 'bs', F(d.bs), 'pu', I(d.pu), 'ss', F(d.ss), 'sa', I(d.sa), 'fs', I(d.fs))
+  local ttl = IDLE
+  if d.bk == 1 then
+    local r, burst = rate(d, now, lim)
+    if r > 0 and d.tk < burst then
+      ttl = math.max(ttl, math.ceil((burst - d.tk) / r * 1000) + 1000)
+    end
+  end
+  if d.pu > now then
+    ttl = math.max(ttl, math.ceil((d.pu - now) / 1000) + IDLE)
+  end
+  redis.call('PEXPIRE', d.key, I(ttl))
+  redis.call('ZADD', P .. 'doms', I(now), d.enc)
+  redis.call('PEXPIRE', P .. 'doms', IDLE)
+end
+
+local function touch_cfg()
+  redis.call('PEXPIRE', CFG, IDLE)
+end
+
+local function wake(wid)
+  local ch = redis.call('HGET', P .. 'w:' .. wid, 'ch')
+  if ch then
+    redis.call(PUB, P .. 'wake:' .. ch, wid)
+  end
+end
+
+local function head(q)
+  return redis.call('ZRANGE', q, 0, 0)[1]
+end
+
+-- Wakes the head of queue q if its last attempt found a slot taken.
+local function wake_if_slot_blocked(q)
+  local h = head(q)
+  if h and redis.call('HGET', P .. 'w:' .. h, 'sb') == '1' then
+    wake(h)
+  end
+end
+
+-- Takes wid out of the memory line; a new first waiter may now fit.
+local function memq_remove(wid)
+  local mq = P .. 'memq'
+  local first = head(mq)
+  if redis.call('ZREM', mq, wid) == 1 and first == wid then
+    local nf = head(mq)
+    if nf then wake(nf) end
+  end
+end
+
+-- Takes waiter wid out of every queue, waking whoever now heads them.
+local function remove_waiter(wid)
+  local wk = P .. 'w:' .. wid
+  local ds = redis.call('HGET', wk, 'ds')
+  if ds then
+    for enc in string.gmatch(ds, '%S+') do
+      local q = P .. 'q:' .. enc
+      local h = head(q)
+      redis.call('ZREM', q, wid)
+      if h == wid then
+        local nh = head(q)
+        if nh then wake(nh) end
+      end
+    end
+  end
+  memq_remove(wid)
+  redis.call('DEL', wk)
+  redis.call('ZREM', P .. 'wexp', wid)
+end
+
+-- Returns parts of lease lid (r, b, m are 0 or 1) and wakes the waiters that
+-- what came free may let move.
+local function retire(lid, r, b, m)
+  local lk = P .. 'l:' .. lid
+  local v = redis.call('HMGET', lk, 'ds', 'c', 'm', 'hr', 'hb', 'hm')
+  if not v[1] then
+    redis.call('ZREM', P .. 'lexp', lid)
+    return
+  end
+  local c, mem = tonumber(v[2]), tonumber(v[3])
+  local hr, hb, hm = tonumber(v[4]), tonumber(v[5]), tonumber(v[6])
+  local dr = (r == 1 and hr == 1)
+  local db = (b == 1 and hb == 1)
+  local dm = (m == 1 and hm == 1)
+  if dr or db then
+    for enc in string.gmatch(v[1], '%S+') do
+      local dk = P .. 'd:' .. enc
+      -- A domain hash outlives its leases (heartbeats refresh it), so a
+      -- missing one means the counts went with it: never go negative.
+      if redis.call('EXISTS', dk) == 1 then
+        if dr then redis.call('HINCRBY', dk, 'f' .. c, -1) end
+        if db then redis.call('HINCRBY', dk, 'b', -1) end
+      end
+      wake_if_slot_blocked(P .. 'q:' .. enc)
+    end
+  end
+  if dm then
+    redis.call('HINCRBY', CFG, 'memheld', I(-mem))
+    local nf = head(P .. 'memq')
+    if nf then wake(nf) end
+  end
+  if dr then hr = 0 end
+  if db then hb = 0 end
+  if dm then hm = 0 end
+  if hr == 0 and hb == 0 and hm == 0 then
+    redis.call('DEL', lk)
+    redis.call('ZREM', P .. 'lexp', lid)
+  else
+    redis.call('HSET', lk, 'hr', I(hr), 'hb', I(hb), 'hm', I(hm))
+  end
+end
+
+-- Reclaims, in bounded work, leases and waiters whose holders stopped
+-- renewing them. Every script runs it, so no daemon is needed.
+local RECLAIM = 16
+local function reclaim(now)
+  local ids = redis.call('ZRANGEBYSCORE', P .. 'lexp', '-inf', I(now), 'LIMIT', 0, RECLAIM)
+  for _, lid in ipairs(ids) do
+    retire(lid, 1, 1, 1)
+    redis.call('ZREM', P .. 'lexp', lid)
+  end
+  ids = redis.call('ZRANGEBYSCORE', P .. 'wexp', '-inf', I(now), 'LIMIT', 0, RECLAIM)
+  for _, wid in ipairs(ids) do
+    remove_waiter(wid)
+  end
+end

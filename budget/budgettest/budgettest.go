@@ -790,8 +790,10 @@ func testCancelRaces(e *env) {
 		go func() {
 			defer wg.Done()
 			for i := range 15 {
-				// Deadlines from 0 to ~2ms land before, during and after grants.
-				ctx, cancel := context.WithTimeout(context.Background(), time.Duration((g*7+i*13)%20)*100*time.Microsecond)
+				// Deadlines from 0 to 20 steps land before, during and after
+				// grants; a step is a fraction of a store round trip.
+				step := max(100*time.Microsecond, e.h.ClockSlack/4)
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration((g*7+i*13)%20)*step)
 				l, err := b.Acquire(ctx, get(a))
 				cancel()
 				if err != nil {

@@ -1,0 +1,45 @@
+package redistest
+
+import (
+	"bytes"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// sysProcAttr makes the kernel SIGKILL redis-server when the test binary
+// dies, so a crashed or killed test leaves no orphan server behind.
+//
+// Pdeathsig fires when the OS thread that forked the child exits, not the
+// process. The Go runtime only ends a thread when a goroutine that locked it
+// (runtime.LockOSThread) exits without unlocking, so do not start servers from
+// such a goroutine.
+func sysProcAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+}
+
+// waitStopped waits, for at most a second, until /proc reports pid stopped
+// (state T) or the process has exited. SIGSTOP takes effect when the target
+// next runs kernel code, not when kill(2) returns.
+func waitStopped(pid int, done <-chan struct{}) {
+	path := "/proc/" + strconv.Itoa(pid) + "/stat"
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return
+		}
+		// The state follows the parenthesized command name, which may itself
+		// contain ") ".
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'T' {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -1,0 +1,36 @@
+-- uses: lib.lua
+-- register: store a budget's limits, or check them against the stored ones.
+--
+-- KEYS[1]  config hash
+-- ARGV[3]  limits as canonical JSON (compared byte for byte)
+-- ARGV[4]  requests per second (decimal), ARGV[5] burst,
+-- ARGV[6..9] in-flight ceilings by class index, ARGV[10] open bodies,
+-- ARGV[11] memory bytes
+-- ARGV[12] 1 to replace differing stored limits, else 0
+-- Returns:
+--   {"1", epoch}            registered (or identical limits already stored)
+--   {"-3", stored_json}     different limits are stored and replace is 0
+
+local json = ARGV[3]
+local rps = dec(ARGV[4], 'rate', 1e9)
+local burst = int(ARGV[5], 'burst', 0, 9007199254740991)
+local caps = {}
+for i = 0, 3 do caps[i] = int(ARGV[6 + i], 'in-flight ceiling', 0, 9007199254740991) end
+local bodies = int(ARGV[10], 'open bodies', 0, 9007199254740991)
+local mem = int(ARGV[11], 'memory', 0, 9007199254740991)
+local replace = int(ARGV[12], 'replace flag', 0, 1)
+
+local now = clock()
+local stored = redis.call('HGET', CFG, 'json')
+if stored and stored ~= json and replace == 0 then
+  touch_cfg()
+  return {'-3', stored}
+end
+redis.call('HSET', CFG, 'json', json, 'rps', ARGV[4], 'burst', I(burst),
+  'c0', I(caps[0]), 'c1', I(caps[1]), 'c2', I(caps[2]), 'c3', I(caps[3]), 'bodies', I(bodies), 'mem', I(mem))
+redis.call('HSETNX', CFG, 'epoch', I(now))
+redis.call('HSETNX', CFG, 'seq', 0)
+redis.call('HSETNX', CFG, 'memheld', 0)
+touch_cfg()
+reclaim(now)
+return {'1', redis.call('HGET', CFG, 'epoch')}

@@ -1,0 +1,31 @@
+-- uses: lib.lua
+-- usage: a consistent snapshot of the budget.
+--
+-- KEYS[1]  config hash
+-- Returns {memheld, waiters, then per domain with anything held, queued,
+-- throttled or paused: enc, f0, f1, f2, f3, bodies, factor, pause_us,
+-- queue length}, all strings. {"-2"} when the budget is not registered.
+
+local now = clock()
+local lim = limits()
+if not lim then return {'-2'} end
+touch_cfg()
+reclaim(now)
+lim = limits()
+local out = {I(lim.memheld), I(redis.call('ZCARD', P .. 'wexp'))}
+local doms = P .. 'doms'
+for _, enc in ipairs(redis.call('ZRANGE', doms, 0, -1)) do
+  if redis.call('EXISTS', P .. 'd:' .. enc) == 0 then
+    redis.call('ZREM', doms, enc)
+  else
+    local d = dload(enc)
+    local f = factor(d, now)
+    local pu = math.max(0, d.pu - now)
+    local ql = redis.call('ZCARD', d.q)
+    if d.f0 + d.f1 + d.f2 + d.f3 + d.b + ql > 0 or f < 1 or pu > 0 then
+      local row = {enc, I(d.f0), I(d.f1), I(d.f2), I(d.f3), I(d.b), F(f), I(pu), I(ql)}
+      for _, x in ipairs(row) do out[#out + 1] = x end
+    end
+  end
+end
+return out

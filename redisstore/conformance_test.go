@@ -1,0 +1,76 @@
+package redisstore_test
+
+import (
+	"fmt"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/budget/budgettest"
+	"github.com/runbudget/runbudget/internal/redistest"
+	"github.com/runbudget/runbudget/redisstore"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// go-redis keeps a pool reaper per client only while the client is
+		// open; clients here close at test cleanup, but miniredis servers of
+		// parallel packages do not matter: this checks our own goroutines.
+		goleak.IgnoreTopFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).reaper"),
+	)
+	os.Exit(0)
+}
+
+var budgetSeq atomic.Int64
+
+// harness builds the suite's budgets as hosts of one Redis budget with a
+// unique name per test, each host with its own store.
+func harness(client func(t testing.TB) redis.UniversalClient, slack time.Duration) budgettest.Harness {
+	return budgettest.Harness{
+		Open: func(t testing.TB) func(budget.Limits, ...budget.Option) (*budget.Budget, error) {
+			c := client(t)
+			name := fmt.Sprintf("conformance/%s/%d", t.Name(), budgetSeq.Add(1))
+			return func(l budget.Limits, opts ...budget.Option) (*budget.Budget, error) {
+				s, err := redisstore.New(c, name, redisstore.WithLeaseTTL(3*time.Second))
+				if err != nil {
+					return nil, err
+				}
+				return budget.New(l, append([]budget.Option{budget.WithStore(s)}, opts...)...)
+			}
+		},
+		ClockSlack: slack,
+		// The server side of pooled connections, when the server runs in
+		// this process (miniredis): not ours, and alive until the pool closes.
+		LeakOptions: []goleak.Option{
+			goleak.IgnoreAnyFunction("github.com/alicebob/miniredis/v2/server.(*Server).servePeer"),
+			goleak.IgnoreAnyFunction("github.com/alicebob/miniredis/v2/server.(*Server).servePeer.func2"),
+		},
+	}
+}
+
+func TestConformanceMiniredis(t *testing.T) {
+	mr := miniredis.RunT(t)
+	budgettest.Run(t, harness(func(t testing.TB) redis.UniversalClient {
+		c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}, 20*time.Millisecond))
+}
+
+func TestConformanceRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	budgettest.Run(t, harness(func(t testing.TB) redis.UniversalClient { return srv.Client(t) }, 20*time.Millisecond))
+}
+
+func TestConformanceCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster start takes a few seconds")
+	}
+	cl := redistest.StartCluster(t, 3, 0)
+	budgettest.Run(t, harness(func(t testing.TB) redis.UniversalClient { return cl.Client(t) }, 20*time.Millisecond))
+}

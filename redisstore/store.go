@@ -1,0 +1,528 @@
+package redisstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/lease"
+	"github.com/runbudget/runbudget/luascripts"
+)
+
+// The scripts, built once; Run uses EVALSHA and falls back to EVAL (which
+// also reloads the script) when Redis answers NOSCRIPT.
+var (
+	scriptRegister  = redis.NewScript(luascripts.Source("register"))
+	scriptAcquire   = redis.NewScript(luascripts.Source("acquire"))
+	scriptCancel    = redis.NewScript(luascripts.Source("cancel"))
+	scriptRetire    = redis.NewScript(luascripts.Source("retire"))
+	scriptHeartbeat = redis.NewScript(luascripts.Source("heartbeat"))
+	scriptThrottle  = redis.NewScript(luascripts.Source("throttle"))
+	scriptUsage     = redis.NewScript(luascripts.Source("usage"))
+)
+
+// DefaultLeaseTTL is how long a lease or waiter survives without renewal
+// when WithLeaseTTL is not given. Renewals run every third of it, so a
+// holder can miss two in a row (a GC pause, a slow network) without losing
+// its lease, and a crashed host's slots come back within 15 seconds.
+const DefaultLeaseTTL = 15 * time.Second
+
+// minLeaseTTL keeps renewals (every TTL/3) well above a round trip.
+const minLeaseTTL = 30 * time.Millisecond
+
+// Option configures New.
+type Option func(*Store)
+
+// WithLeaseTTL sets how long a lease or a waiter lives without renewal
+// (default DefaultLeaseTTL, at least 30ms). Renewals run every d/3. Shorter
+// brings a crashed host's slots back sooner; longer tolerates longer pauses
+// before a live holder is declared lost.
+func WithLeaseTTL(d time.Duration) Option { return func(s *Store) { s.ttl = d } }
+
+// Store is a budget.Store kept in Redis, shared by every host that opens it
+// with the same name. Build a budget on it with budget.New(limits,
+// budget.WithStore(store)); the budget then owns the store and closes it.
+type Store struct {
+	client  redis.UniversalClient
+	name    string
+	prefix  string
+	keys    []string // KEYS of every script: the config hash
+	ttl     time.Duration
+	idle    time.Duration
+	pubCmd  string // PUBLISH, or SPUBLISH on a Cluster
+	channel string // this process's wake channel
+
+	mu     sync.Mutex
+	limits budget.Limits // last registered, to register again after a state loss
+	wakes  map[string]chan struct{}
+	leases map[string]*heldLease // leases granted through this store, for heartbeats
+
+	sub       *redis.PubSub
+	subDone   chan struct{}
+	closeOnce sync.Once
+}
+
+type heldLease struct {
+	encs []string
+	held lease.Parts
+}
+
+var _ budget.Store = (*Store)(nil)
+
+// New opens the budget called name (any bytes) on client and subscribes to
+// this process's wake channel. The client must have ContextTimeoutEnabled
+// set, so a context's deadline bounds a call to a hung Redis; New refuses
+// a client without it. It also refuses a Redis whose maxmemory-policy could
+// evict the budget's keys (anything but noeviction), since an evicted lease
+// would silently free its slots. Errors when Redis cannot be reached wrap
+// budget.ErrUnavailable.
+func New(client redis.UniversalClient, name string, opts ...Option) (*Store, error) {
+	if client == nil {
+		return nil, errors.New("redisstore: New needs a client")
+	}
+	if name == "" {
+		return nil, errors.New("redisstore: budget name is empty")
+	}
+	if len(name) > 1024 {
+		return nil, fmt.Errorf("redisstore: budget name is %d bytes, at most 1024", len(name))
+	}
+	if err := checkClient(client); err != nil {
+		return nil, err
+	}
+	s := &Store{
+		client: client,
+		name:   name,
+		prefix: keyPrefix(name),
+		ttl:    DefaultLeaseTTL,
+		pubCmd: "PUBLISH",
+		wakes:  make(map[string]chan struct{}),
+		leases: make(map[string]*heldLease),
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	if s.ttl < minLeaseTTL {
+		return nil, fmt.Errorf("redisstore: lease TTL %v is below %v", s.ttl, minLeaseTTL)
+	}
+	// Idle keys outlive any lease by far, so the reclaim step (run by every
+	// script) always gets to an expired lease before its keys could expire.
+	s.idle = max(20*s.ttl, 5*time.Minute)
+	s.keys = []string{s.prefix + "cfg"}
+	s.channel = uuid.NewString()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := checkEviction(ctx, client); err != nil {
+		return nil, err
+	}
+	wakeChannel := s.prefix + "wake:" + s.channel
+	if _, ok := client.(*redis.ClusterClient); ok {
+		// Sharded pub/sub stays on the shard that owns the budget's slot,
+		// instead of being broadcast to every node of the cluster.
+		s.pubCmd = "SPUBLISH"
+		s.sub = client.SSubscribe(ctx, wakeChannel)
+	} else {
+		s.sub = client.Subscribe(ctx, wakeChannel)
+	}
+	if _, err := s.sub.Receive(ctx); err != nil {
+		s.sub.Close()
+		return nil, fmt.Errorf("redisstore: subscribing to wake events: %w: %v", budget.ErrUnavailable, err)
+	}
+	s.subDone = make(chan struct{})
+	go s.dispatch(s.sub.Channel())
+	return s, nil
+}
+
+// checkClient refuses clients whose calls would not honor a context's
+// deadline: with a hung Redis, Acquire could then block past its deadline.
+func checkClient(c redis.UniversalClient) error {
+	var enabled bool
+	switch c := c.(type) {
+	case *redis.Client:
+		enabled = c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		enabled = c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return errors.New("redisstore: a Ring spreads keys over shards without a shared slot; use a Client or ClusterClient")
+	default:
+		return nil // an unknown implementation: trust it
+	}
+	if !enabled {
+		return errors.New("redisstore: the client must set ContextTimeoutEnabled: true, so that deadlines bound calls to a hung Redis")
+	}
+	return nil
+}
+
+// checkEviction refuses a Redis that may evict keys. Where CONFIG is not
+// allowed (managed Redis, ACLs), the check is skipped.
+func checkEviction(ctx context.Context, c redis.UniversalClient) error {
+	var policy string
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			if p := evictionPolicy(ctx, m); p != "" && p != "noeviction" {
+				mu.Lock()
+				policy = p
+				mu.Unlock()
+			}
+			return nil
+		})
+	} else {
+		policy = evictionPolicy(ctx, c)
+	}
+	if policy != "" && policy != "noeviction" {
+		return fmt.Errorf("redisstore: Redis maxmemory-policy is %q, which can evict lease keys and free slots that are still in use; set it to noeviction", policy)
+	}
+	return nil
+}
+
+func evictionPolicy(ctx context.Context, c redis.Cmdable) string {
+	m, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		return ""
+	}
+	return m["maxmemory-policy"]
+}
+
+// Name is the budget's name.
+func (s *Store) Name() string { return s.name }
+
+// LeaseTTL implements budget.Store.
+func (s *Store) LeaseTTL() time.Duration { return s.ttl }
+
+// Close ends the wake subscription and waits for its goroutine. The client
+// stays open: it belongs to the caller. Later calls do nothing.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.sub.Close()
+		<-s.subDone
+	})
+	return nil
+}
+
+// dispatch delivers wake events to the waiters of this process.
+func (s *Store) dispatch(msgs <-chan *redis.Message) {
+	defer close(s.subDone)
+	for m := range msgs {
+		s.mu.Lock()
+		ch := s.wakes[m.Payload]
+		s.mu.Unlock()
+		if ch != nil {
+			select {
+			case ch <- struct{}{}:
+			default: // already signalled
+			}
+		}
+	}
+}
+
+func (s *Store) watch(id string) chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch := s.wakes[id]
+	if ch == nil {
+		ch = make(chan struct{}, 1)
+		s.wakes[id] = ch
+	}
+	return ch
+}
+
+func (s *Store) unwatch(id string) {
+	s.mu.Lock()
+	delete(s.wakes, id)
+	s.mu.Unlock()
+}
+
+func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+
+// args prefixes a script's own arguments with the common ones.
+func (s *Store) args(own ...any) []any {
+	return append([]any{s.pubCmd, ms(s.idle)}, own...)
+}
+
+// run runs a script and returns its reply as strings.
+func (s *Store) run(ctx context.Context, op string, sc *redis.Script, args ...any) ([]string, error) {
+	res, err := sc.Run(ctx, s.client, s.keys, args...).StringSlice()
+	if err != nil {
+		return nil, s.classify(ctx, op, err)
+	}
+	return res, nil
+}
+
+// classify maps a failed call to the budget's errors: a script's refusal of
+// an argument to ErrInvalidRequest, the caller's cancellation to ctx.Err(),
+// anything else (network, BUSY, OOM, LOADING, failover) to ErrUnavailable,
+// which the budget retries within its grace.
+func (s *Store) classify(ctx context.Context, op string, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	msg := err.Error()
+	if i := strings.Index(msg, "RBINVAL "); i >= 0 {
+		return fmt.Errorf("redisstore: %s: %w: %s", op, budget.ErrInvalidRequest, trimScriptNoise(msg[i+len("RBINVAL "):]))
+	}
+	return fmt.Errorf("redisstore: %s: %w: %v", op, budget.ErrUnavailable, err)
+}
+
+// trimScriptNoise drops the script location Redis appends to error replies.
+func trimScriptNoise(msg string) string {
+	if i := strings.Index(msg, " script:"); i >= 0 {
+		msg = msg[:i]
+	}
+	return strings.TrimSpace(msg)
+}
+
+// Register implements budget.Store.
+func (s *Store) Register(ctx context.Context, l budget.Limits, replace bool) error {
+	js, err := json.Marshal(l) // map keys sorted: canonical
+	if err != nil {
+		return fmt.Errorf("redisstore: encoding limits: %v", err)
+	}
+	caps := make([]any, 4)
+	for i, c := range budget.Classes {
+		caps[i] = l.InFlight[c]
+	}
+	rep := 0
+	if replace {
+		rep = 1
+	}
+	args := s.args(string(js), strconv.FormatFloat(l.RequestsPerSecond, 'f', -1, 64), l.Burst)
+	args = append(args, caps...)
+	args = append(args, l.OpenBodies, l.MemoryBytes, rep)
+	res, err := s.run(ctx, "register", scriptRegister, args...)
+	if err != nil {
+		return err
+	}
+	switch res[0] {
+	case "1":
+		s.mu.Lock()
+		s.limits = l
+		s.mu.Unlock()
+		return nil
+	case "-3":
+		return fmt.Errorf("%w: budget %q holds %s, this host has %s", budget.ErrLimitsConflict, s.name, res[1], js)
+	}
+	return fmt.Errorf("redisstore: register: unexpected reply %q", res)
+}
+
+// reregister stores the limits again after Redis lost the budget's config
+// (a restart without persistence, a failover that lost writes).
+func (s *Store) reregister(ctx context.Context) error {
+	s.mu.Lock()
+	l := s.limits
+	s.mu.Unlock()
+	return s.Register(ctx, l, false)
+}
+
+// TryAcquire implements budget.Store.
+func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (budget.Attempt, error) {
+	encs := make([]string, len(req.Domains))
+	for i, d := range req.Domains {
+		encs[i] = encodeDomain(d)
+	}
+	wake := s.watch(id)
+	body := 0
+	if req.OpensBody {
+		body = 1
+	}
+	args := s.args(id, s.channel, req.Class.Index(), req.MemoryBytes, body, req.Consumer, ms(s.ttl), len(encs))
+	for _, e := range encs {
+		args = append(args, e)
+	}
+	for range 2 {
+		res, err := s.run(ctx, "acquire", scriptAcquire, args...)
+		if err != nil {
+			return budget.Attempt{}, err
+		}
+		switch res[0] {
+		case "1":
+			s.unwatch(id)
+			s.mu.Lock()
+			s.leases[id] = &heldLease{encs: encs, held: req.Parts()}
+			s.mu.Unlock()
+			return budget.Attempt{Outcome: budget.Granted}, nil
+		case "2":
+			return budget.Attempt{Outcome: budget.Queued, Wake: wake}, nil
+		case "3":
+			us, err := strconv.ParseInt(res[1], 10, 64)
+			if err != nil || us <= 0 {
+				return budget.Attempt{}, fmt.Errorf("redisstore: acquire: malformed wait %q", res[1])
+			}
+			return budget.Attempt{Outcome: budget.Delayed, Wait: time.Duration(us) * time.Microsecond, Wake: wake}, nil
+		case "-1":
+			s.unwatch(id)
+			return budget.Attempt{}, fmt.Errorf("%w: %d bytes of memory asked, the run's ceiling is %s",
+				budget.ErrNeverAdmissible, req.MemoryBytes, res[1])
+		case "-2":
+			if err := s.reregister(ctx); err != nil {
+				return budget.Attempt{}, err
+			}
+			continue
+		}
+		return budget.Attempt{}, fmt.Errorf("redisstore: acquire: unexpected reply %q", res)
+	}
+	return budget.Attempt{}, fmt.Errorf("redisstore: acquire: %w: budget config keeps disappearing", budget.ErrUnavailable)
+}
+
+// Cancel implements budget.Store.
+func (s *Store) Cancel(ctx context.Context, id string) error {
+	s.unwatch(id)
+	if _, err := s.run(ctx, "cancel", scriptCancel, s.args(id)...); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	delete(s.leases, id)
+	s.mu.Unlock()
+	return nil
+}
+
+// Retire implements budget.Store.
+func (s *Store) Retire(ctx context.Context, id string, parts lease.Parts) error {
+	parts &= lease.All
+	if parts == 0 {
+		return nil
+	}
+	if _, err := s.run(ctx, "retire", scriptRetire, s.args(id, int(parts))...); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if h := s.leases[id]; h != nil {
+		if h.held &^= parts; h.held == 0 {
+			delete(s.leases, id)
+		}
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// Heartbeat implements budget.Store: one script call renews every listed
+// lease and keeps the hashes of their domains alive.
+func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
+	seen := make(map[string]struct{})
+	var encs []string
+	s.mu.Lock()
+	for _, id := range ids {
+		if h := s.leases[id]; h != nil {
+			for _, e := range h.encs {
+				if _, ok := seen[e]; !ok {
+					seen[e] = struct{}{}
+					encs = append(encs, e)
+				}
+			}
+		}
+	}
+	s.mu.Unlock()
+	args := s.args(ms(s.ttl), len(ids))
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	args = append(args, len(encs))
+	for _, e := range encs {
+		args = append(args, e)
+	}
+	missing, err := s.run(ctx, "heartbeat", scriptHeartbeat, args...)
+	if err != nil {
+		return nil, err
+	}
+	if len(missing) > 0 {
+		s.mu.Lock()
+		for _, id := range missing {
+			delete(s.leases, id)
+		}
+		s.mu.Unlock()
+	}
+	return missing, nil
+}
+
+// Throttle implements budget.Store.
+func (s *Store) Throttle(ctx context.Context, d budget.Domain, retryAfter time.Duration) error {
+	args := s.args(encodeDomain(d), strconv.FormatInt(retryAfter.Microseconds(), 10))
+	for range 2 {
+		res, err := s.run(ctx, "throttle", scriptThrottle, args...)
+		if err != nil {
+			return err
+		}
+		if res[0] == "-2" {
+			if err := s.reregister(ctx); err != nil {
+				return err
+			}
+			continue
+		}
+		return nil
+	}
+	return fmt.Errorf("redisstore: throttle: %w: budget config keeps disappearing", budget.ErrUnavailable)
+}
+
+// Usage implements budget.Store.
+func (s *Store) Usage(ctx context.Context) (budget.Usage, error) {
+	res, err := s.run(ctx, "usage", scriptUsage, s.args()...)
+	if err != nil {
+		return budget.Usage{}, err
+	}
+	if len(res) == 1 && res[0] == "-2" {
+		return budget.Usage{}, nil // nothing stored: nothing held
+	}
+	return decodeUsage(res)
+}
+
+func decodeUsage(res []string) (budget.Usage, error) {
+	const row = 9
+	if len(res) < 2 || (len(res)-2)%row != 0 {
+		return budget.Usage{}, fmt.Errorf("redisstore: usage: malformed reply of %d fields", len(res))
+	}
+	var u budget.Usage
+	var err error
+	bad := func(what string) (budget.Usage, error) {
+		return budget.Usage{}, fmt.Errorf("redisstore: usage: malformed %s", what)
+	}
+	if u.MemoryHeld, err = strconv.ParseInt(res[0], 10, 64); err != nil {
+		return bad("memory")
+	}
+	if u.Waiters, err = strconv.Atoi(res[1]); err != nil {
+		return bad("waiter count")
+	}
+	for r := res[2:]; len(r) >= row; r = r[row:] {
+		d, err := decodeDomain(r[0])
+		if err != nil {
+			return budget.Usage{}, err
+		}
+		du := budget.DomainUsage{Domain: d}
+		for i, c := range budget.Classes {
+			n, err := strconv.Atoi(r[1+i])
+			if err != nil {
+				return bad("in-flight count")
+			}
+			if n > 0 {
+				if du.InFlight == nil {
+					du.InFlight = make(map[budget.OpClass]int)
+				}
+				du.InFlight[c] = n
+			}
+		}
+		if du.OpenBodies, err = strconv.Atoi(r[5]); err != nil {
+			return bad("body count")
+		}
+		if du.RateFactor, err = strconv.ParseFloat(r[6], 64); err != nil {
+			return bad("rate factor")
+		}
+		pause, err := strconv.ParseInt(r[7], 10, 64)
+		if err != nil {
+			return bad("pause")
+		}
+		du.Paused = time.Duration(pause) * time.Microsecond
+		if du.Waiters, err = strconv.Atoi(r[8]); err != nil {
+			return bad("queue length")
+		}
+		u.Domains = append(u.Domains, du)
+	}
+	sortDomains(u.Domains)
+	return u, nil
+}
