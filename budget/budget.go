@@ -48,6 +48,13 @@ func WithStore(s Store) Option { return func(o *options) { o.store = s } }
 // two hosts of one run can never silently enforce different ceilings.
 func WithReplaceLimits() Option { return func(o *options) { o.replace = true } }
 
+// WithClock makes the budget read its own time from now instead of
+// time.Now: the in-process store's clock, and the client-side timing of
+// renewals and outages. A Redis store never uses it for admission, which
+// runs on Redis TIME, so hosts with skewed clocks share one budget
+// correctly. Tests use it to skew or fake a host's clock.
+func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
 // WithUnavailableGrace sets how long calls retry an unreachable store before
 // they return ErrUnavailable (default DefaultUnavailableGrace). Nothing is
 // admitted while the store is unreachable, whatever the grace.
@@ -66,15 +73,17 @@ type Budget struct {
 	store  Store
 	limits Limits
 	grace  time.Duration
+	now    func() time.Time
 	keeper *lease.Keeper // nil when the store never expires leases
 
 	idPrefix string
 	idSeq    atomic.Uint64
 
-	mu     sync.RWMutex
-	closed bool
-	done   chan struct{}
-	active sync.WaitGroup // Acquire calls in progress
+	mu      sync.RWMutex
+	closed  bool
+	done    chan struct{}
+	active  sync.WaitGroup // Acquire calls in progress
+	cleanup sync.WaitGroup // background cancellations of abandoned waiters
 }
 
 // New validates limits and returns a Budget over the in-process store, or
@@ -102,6 +111,7 @@ func New(limits Limits, opts ...Option) (*Budget, error) {
 		store:    o.store,
 		limits:   nl,
 		grace:    o.grace,
+		now:      o.now,
 		idPrefix: uuid.NewString() + ".",
 		done:     make(chan struct{}),
 	}
@@ -112,7 +122,7 @@ func New(limits Limits, opts ...Option) (*Budget, error) {
 		return nil, err
 	}
 	if ttl := b.store.LeaseTTL(); ttl > 0 {
-		if b.keeper, err = lease.NewKeeper(b.store, ttl); err != nil {
+		if b.keeper, err = lease.NewKeeper(b.store, ttl, lease.WithClock(o.now)); err != nil {
 			b.store.Close()
 			return nil, err
 		}
@@ -173,26 +183,26 @@ func (b *Budget) Acquire(ctx context.Context, req Request) (*Lease, error) {
 		}
 	}()
 	for {
-		sent := time.Now()
-		att, err := b.store.TryAcquire(ctx, id, nreq)
+		sent := b.now()
+		att, err := b.tryAcquire(ctx, id, nreq, downSince)
 		if err != nil {
 			if ctx.Err() != nil {
-				b.abandon(ctx, id)
+				b.abandon(id)
 				return nil, ctx.Err()
 			}
 			if !errors.Is(err, ErrUnavailable) {
-				b.abandon(ctx, id)
+				b.abandon(id)
 				return nil, err
 			}
 			if downSince.IsZero() {
 				downSince = sent
 			}
-			if time.Since(downSince) >= b.grace {
-				b.abandon(ctx, id)
+			if b.now().Sub(downSince) >= b.grace {
+				b.abandon(id)
 				return nil, err
 			}
 			// Back off (doubling, capped) before the next try.
-			att = Attempt{Outcome: Delayed, Wait: min(backoff, b.grace-time.Since(downSince))}
+			att = Attempt{Outcome: Delayed, Wait: min(backoff, b.grace-b.now().Sub(downSince))}
 			backoff = min(2*backoff, time.Second)
 		} else {
 			downSince, backoff = time.Time{}, 10*time.Millisecond
@@ -201,7 +211,7 @@ func (b *Budget) Acquire(ctx context.Context, req Request) (*Lease, error) {
 		if att.Outcome == Granted {
 			if ctx.Err() != nil {
 				// Granted in the same moment the caller gave up: give it back.
-				b.abandon(ctx, id)
+				b.abandon(id)
 				return nil, ctx.Err()
 			}
 			l := lease.New(id, nreq.Parts(), b.store)
@@ -234,10 +244,10 @@ func (b *Budget) Acquire(ctx context.Context, req Request) (*Lease, error) {
 		case <-att.Wake:
 		case <-tick:
 		case <-ctx.Done():
-			b.abandon(ctx, id)
+			b.abandon(id)
 			return nil, ctx.Err()
 		case <-b.done:
-			b.abandon(ctx, id)
+			b.abandon(id)
 			return nil, ErrClosed
 		}
 		if timer != nil {
@@ -246,15 +256,41 @@ func (b *Budget) Acquire(ctx context.Context, req Request) (*Lease, error) {
 	}
 }
 
+// tryAcquire makes one store call. For a remote store the call is bounded
+// by the grace (counted from the start of an outage already under way), so
+// a hung or unreachable store turns into ErrUnavailable on time; the caller's
+// own deadline still applies.
+func (b *Budget) tryAcquire(ctx context.Context, id string, req Request, downSince time.Time) (Attempt, error) {
+	if b.keeper == nil {
+		return b.store.TryAcquire(ctx, id, req)
+	}
+	start := downSince
+	if start.IsZero() {
+		start = b.now()
+	}
+	cctx, cancel := context.WithTimeout(ctx, b.grace-b.now().Sub(start))
+	defer cancel()
+	att, err := b.store.TryAcquire(cctx, id, req)
+	if err != nil && ctx.Err() == nil && cctx.Err() != nil {
+		err = fmt.Errorf("%w: no reply within %v: %v", ErrUnavailable, b.grace, err)
+	}
+	return att, err
+}
+
 // abandon takes id out of the store: out of every queue, and any grant made
 // under it (a reply lost to a timeout, a race with cancellation) returned.
-// It runs on a context detached from the caller's, which has usually ended.
-// If the store cannot be reached, the waiter and any lease expire on their
-// own, since nothing renews them.
-func (b *Budget) abandon(ctx context.Context, id string) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease.RetireTimeout)
-	defer cancel()
-	b.store.Cancel(cctx, id)
+// It runs in the background, so the caller returns at its deadline even when
+// the store is slow or down; Close waits for it. If the store cannot be
+// reached, the waiter and any lease expire on their own, since nothing
+// renews them.
+func (b *Budget) abandon(id string) {
+	b.cleanup.Add(1)
+	go func() {
+		defer b.cleanup.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), lease.RetireTimeout)
+		defer cancel()
+		b.store.Cancel(ctx, id)
+	}()
 }
 
 // Throttle records that the provider throttled a request on d. Every
@@ -310,6 +346,7 @@ func (b *Budget) Close() error {
 	b.mu.Unlock()
 
 	b.active.Wait()
+	b.cleanup.Wait()
 	if b.keeper != nil {
 		b.keeper.Stop()
 	}
@@ -324,18 +361,26 @@ func (b *Budget) isClosed() bool {
 
 // retry runs fn until it succeeds, fails with an error other than
 // ErrUnavailable, ctx ends, or the store has been unavailable for the grace.
+// Each call is bounded by what is left of the grace.
 func (b *Budget) retry(ctx context.Context, fn func(context.Context) error) error {
-	start := time.Now()
+	start := b.now()
 	backoff := 10 * time.Millisecond
 	for {
-		err := fn(ctx)
-		if err == nil || !errors.Is(err, ErrUnavailable) {
+		cctx, cancel := context.WithTimeout(ctx, b.grace-b.now().Sub(start))
+		err := fn(cctx)
+		timedOut := cctx.Err() != nil
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case timedOut:
+			return fmt.Errorf("%w: no reply within %v: %v", ErrUnavailable, b.grace, err)
+		case !errors.Is(err, ErrUnavailable):
 			return err
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		left := b.grace - time.Since(start)
+		left := b.grace - b.now().Sub(start)
 		if left <= 0 {
 			return err
 		}

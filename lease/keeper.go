@@ -39,8 +39,15 @@ type Keeper struct {
 	stopOnce sync.Once
 }
 
+// KeeperOption configures NewKeeper.
+type KeeperOption func(*Keeper)
+
+// WithClock makes the keeper read time from now instead of time.Now. Only
+// differences between its readings matter, so a skewed clock is harmless.
+func WithClock(now func() time.Time) KeeperOption { return func(k *Keeper) { k.now = now } }
+
 // NewKeeper starts a keeper that renews leases of r every ttl/3. Stop ends it.
-func NewKeeper(r Renewer, ttl time.Duration) (*Keeper, error) {
+func NewKeeper(r Renewer, ttl time.Duration, opts ...KeeperOption) (*Keeper, error) {
 	if r == nil {
 		return nil, errors.New("lease: NewKeeper needs a Renewer")
 	}
@@ -55,6 +62,9 @@ func NewKeeper(r Renewer, ttl time.Duration) (*Keeper, error) {
 		leases:   make(map[string]*Lease),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(k)
 	}
 	go k.run()
 	return k, nil
