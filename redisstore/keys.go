@@ -3,8 +3,8 @@ package redisstore
 import (
 	"cmp"
 	"encoding/hex"
-	"slices"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
