@@ -2,6 +2,64 @@
 // a run draws on one shared budget, and provides a Redis-backed rate check for
 // the admission package.
 //
-// All state changes happen inside Lua scripts from package luascripts, each
-// one atomic step that reads Redis TIME once; no client clock is trusted.
+// # State and scripts
+//
+// Every change to a budget is one Lua script from package luascripts, run
+// with EVALSHA (reloaded on NOSCRIPT) and reading Redis TIME once: no host's
+// clock takes part in a decision, so hosts with skewed clocks share one
+// budget correctly. The scripts keep the same state as the in-process store
+// and take the same decisions; the conformance suite in budget/budgettest
+// runs against both, on miniredis, a real redis-server and a Redis Cluster.
+//
+// All keys of a budget start with "rb:{<hex of its name>}:", so the name is
+// the hash tag and the whole budget sits in one Cluster slot, and domain IDs
+// appear in keys as "<version>.<hex of the ID>": any bytes, injectively.
+//
+// Waiter and lease IDs are chosen by the client before each call, and every
+// script is idempotent by ID: a call repeated by go-redis after a lost reply
+// returns the same grant, a repeated release changes nothing, and a waiter
+// that gives up (or whose call timed out) is cancelled by ID, returning any
+// grant made under it.
+//
+// # Expiry and reclaim
+//
+// Leases and waiters carry expiry deadlines in sorted sets. A process renews
+// all of its leases with one heartbeat call every TTL/3 (see lease.Keeper),
+// and a waiter's own calls, at least once per TTL/3, are its liveness beat.
+// Every script first reclaims up to 16 expired leases and 16 expired
+// waiters, oldest first: no daemon is needed, and no call does unbounded
+// work. Keys expire after max(20 x TTL, 5 min) without use, so an idle
+// budget leaves nothing behind; a domain's key lives at least until its
+// bucket is full again, so an expired domain is exactly a fresh one.
+//
+// # Wake events
+//
+// A waiter that cannot move sleeps until an event says it may: a predecessor
+// left its queue, or a slot, body or memory it waits for came free. Scripts
+// publish the waiter's ID on its process's channel (SPUBLISH on a Cluster, so
+// the message stays on the shard of the budget's slot). Only the waiters that
+// may now move are woken: the new head of each affected queue, a head that
+// was blocked on a slot when one frees, and the oldest waiter in the memory
+// line when memory frees. Under 64-way contention on 8 slots that is one wake
+// message and three script calls per admitted request, the same as with 16
+// lanes. A wake lost on the way (a reconnect) costs at most TTL/3, when the
+// waiter calls again.
+//
+// Pub/sub was chosen over a blocking list per waiter (BLPOP) on measurement:
+// a bare handoff on loopback costs about the same (92-108 us for pub/sub,
+// 113-119 us for BLPOP in the same run; BenchmarkWakeFloor*), but BLPOP
+// holds one connection per waiting lane, which exhausts a client pool when
+// lanes outnumber connections, while pub/sub needs one connection per
+// process whatever the number of waiters. A list would also keep wake
+// entries for waiters that already left.
+//
+// # Failure
+//
+// Nothing is admitted without Redis. A call that fails on the network, on
+// BUSY, OOM, LOADING or a failover returns an error wrapping
+// budget.ErrUnavailable, which the budget retries within its grace. Errors
+// carry go-redis's text, never the client's credentials. New refuses a
+// client without ContextTimeoutEnabled (a hung Redis must not outlast a
+// caller's deadline) and a Redis whose maxmemory-policy could evict lease
+// keys.
 package redisstore
