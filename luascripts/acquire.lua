@@ -119,7 +119,7 @@ if not ticket then
     redis.call('PEXPIRE', d.q, IDLE)
   end
   redis.call('HSET', wk, 't', I(ticket), 'ds', table.concat(encs, ' '), 'ch', ch,
-    'cs', consumer, 'c', I(class), 'm', I(mem), 'b', I(body), 'sb', '0')
+    'cs', consumer, 'c', I(class), 'm', I(mem), 'b', I(body), 'sb', '0', 'at', I(now))
 end
 -- Every call is also the waiter's liveness beat.
 redis.call('ZADD', P .. 'wexp', I(now + ttl), id)

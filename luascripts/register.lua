@@ -7,6 +7,7 @@
 -- ARGV[6..9] in-flight ceilings by class index, ARGV[10] open bodies,
 -- ARGV[11] memory bytes
 -- ARGV[12] 1 to replace differing stored limits, else 0
+-- Replacing limits wakes the head of every queue, which re-checks under them.
 -- Returns:
 --   {"1", epoch}            registered (or identical limits already stored)
 --   {"-3", stored_json}     different limits are stored and replace is 0
@@ -33,4 +34,14 @@ redis.call('HSETNX', CFG, 'seq', 0)
 redis.call('HSETNX', CFG, 'memheld', 0)
 touch_cfg()
 reclaim(now)
+if stored and stored ~= json then
+  -- New ceilings may let waiters move: wake every queue's head and the
+  -- first of the memory line; they re-check under the new limits.
+  for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
+    local h = head(P .. 'q:' .. enc)
+    if h then wake(h) end
+  end
+  local f = head(P .. 'memq')
+  if f then wake(f) end
+end
 return {'1', redis.call('HGET', CFG, 'epoch')}

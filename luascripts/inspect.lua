@@ -1,0 +1,59 @@
+-- uses: lib.lua
+-- inspect: everything an operator needs to see of a budget, as one JSON
+-- document. Read-only apart from the reclaim step every script runs.
+--
+-- KEYS[1]  config hash
+-- ARGV[3]  most leases and most waiters to list
+-- Returns {"-2"} when the budget does not exist, else {json} with
+--   now, epoch, limits (the stored JSON), memheld,
+--   domains: [{enc, f0..f3, b, tokens, burst, rate, factor, pause_us,
+--              queue, throttled}]   (tokens/burst/rate empty when unlimited)
+--   leases:  [{id, ds, c, m, parts, consumer, granted, expires}]
+--   waiters: [{id, ds, c, m, b, consumer, ticket, arrived, expires}]
+-- Times are Redis TIME in microseconds, as strings.
+
+local most = int(ARGV[3], 'most', 0, 1000000)
+local now = clock()
+local lim = limits()
+if not lim then return {'-2'} end
+reclaim(now)
+lim = limits()
+local cfg = redis.call('HMGET', CFG, 'epoch', 'json')
+local out = {now = I(now), epoch = cfg[1] or '', limits = cfg[2] or '', memheld = I(lim.memheld),
+  domains = {}, leases = {}, waiters = {}}
+
+for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
+  if redis.call('EXISTS', P .. 'd:' .. enc) == 1 then
+    local d = dload(enc)
+    local f = factor(d, now)
+    local row = {enc = enc, f0 = I(d.f0), f1 = I(d.f1), f2 = I(d.f2), f3 = I(d.f3), b = I(d.b),
+      factor = F(f), pause_us = I(math.max(0, d.pu - now)), queue = I(redis.call('ZCARD', d.q)),
+      throttled = I(d.th), tokens = '', burst = '', rate = ''}
+    local r, burst = rate(d, now, lim)
+    if r > 0 then
+      refill(d, now, r, burst) -- on the local copy only; nothing is saved
+      row.tokens, row.burst, row.rate = F(d.tk), F(burst), F(r)
+    end
+    out.domains[#out.domains + 1] = row
+  end
+end
+
+local ls = redis.call('ZRANGE', P .. 'lexp', 0, most - 1, 'WITHSCORES')
+for i = 1, #ls, 2 do
+  local v = redis.call('HMGET', P .. 'l:' .. ls[i], 'ds', 'c', 'm', 'hr', 'hb', 'hm', 'cs', 'g')
+  if v[1] then
+    local parts = tonumber(v[4]) + 2 * tonumber(v[5]) + 4 * tonumber(v[6])
+    out.leases[#out.leases + 1] = {id = ls[i], ds = v[1], c = v[2], m = v[3], parts = I(parts),
+      consumer = v[7] or '', granted = v[8] or '', expires = ls[i + 1]}
+  end
+end
+
+local ws = redis.call('ZRANGE', P .. 'wexp', 0, most - 1, 'WITHSCORES')
+for i = 1, #ws, 2 do
+  local v = redis.call('HMGET', P .. 'w:' .. ws[i], 'ds', 'c', 'm', 'b', 'cs', 't', 'at')
+  if v[1] then
+    out.waiters[#out.waiters + 1] = {id = ws[i], ds = v[1], c = v[2], m = v[3], b = v[4],
+      consumer = v[5] or '', ticket = v[6] or '', arrived = v[7] or '', expires = ws[i + 1]}
+  end
+end
+return {cjson.encode(out)}

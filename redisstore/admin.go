@@ -1,0 +1,389 @@
+package redisstore
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/lease"
+	"github.com/runbudget/runbudget/luascripts"
+)
+
+// Operator access: see and fix a live budget by name without joining it
+// (no wake subscription, no limits registered). budgetctl is built on these.
+
+var (
+	scriptInspect = redis.NewScript(luascripts.Source("inspect"))
+	scriptReset   = redis.NewScript(luascripts.Source("reset"))
+	scriptDrop    = redis.NewScript(luascripts.Source("drop"))
+)
+
+// ErrNoBudget means no budget of that name exists in this Redis (never
+// created, or expired after being idle).
+var ErrNoBudget = errors.New("redisstore: no such budget")
+
+// adminIdle is the idle TTL operator calls give keys they touch; the
+// budget's own hosts set their own on their next call.
+const adminIdle = 5 * time.Minute
+
+// Admin runs operator commands on one Redis (or Cluster).
+type Admin struct {
+	client redis.UniversalClient
+}
+
+// NewAdmin returns operator access through client.
+func NewAdmin(client redis.UniversalClient) (*Admin, error) {
+	if client == nil {
+		return nil, errors.New("redisstore: NewAdmin needs a client")
+	}
+	return &Admin{client: client}, nil
+}
+
+func (a *Admin) run(ctx context.Context, name, op string, sc *redis.Script, own ...any) ([]string, error) {
+	args := append([]any{"PUBLISH", ms(adminIdle)}, own...)
+	if _, ok := a.client.(*redis.ClusterClient); ok {
+		args[0] = "SPUBLISH"
+	}
+	res, err := sc.Run(ctx, a.client, []string{keyPrefix(name) + "cfg"}, args...).StringSlice()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("redisstore: %s: %w: %v", op, budget.ErrUnavailable, err)
+	}
+	if len(res) == 1 && res[0] == "-2" {
+		return nil, fmt.Errorf("%w: %q", ErrNoBudget, name)
+	}
+	return res, nil
+}
+
+// BudgetSummary is one line of List.
+type BudgetSummary struct {
+	Name    string `json:"name"`
+	Domains int    `json:"domains"`
+	Leases  int    `json:"leases"`
+	Waiters int    `json:"waiters"`
+}
+
+// List finds every budget in Redis (on a Cluster, on every master), sorted
+// by name. Counts include entries that have expired but not yet been
+// reclaimed.
+func (a *Admin) List(ctx context.Context) ([]BudgetSummary, error) {
+	var (
+		mu   sync.Mutex
+		keys []string
+	)
+	scan := func(ctx context.Context, c redis.Cmdable) error {
+		iter := c.Scan(ctx, 0, "rb:{*}:cfg", 1000).Iterator()
+		for iter.Next(ctx) {
+			mu.Lock()
+			keys = append(keys, iter.Val())
+			mu.Unlock()
+		}
+		return iter.Err()
+	}
+	var err error
+	if cc, ok := a.client.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return scan(ctx, m) })
+	} else {
+		err = scan(ctx, a.client)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: listing budgets: %w: %v", budget.ErrUnavailable, err)
+	}
+	var out []BudgetSummary
+	for _, k := range keys {
+		name, ok := budgetName(k)
+		if !ok {
+			continue
+		}
+		p := keyPrefix(name)
+		pipe := a.client.Pipeline()
+		doms := pipe.ZCard(ctx, p+"doms")
+		leases := pipe.ZCard(ctx, p+"lexp")
+		waiters := pipe.ZCard(ctx, p+"wexp")
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("redisstore: listing budgets: %w: %v", budget.ErrUnavailable, err)
+		}
+		out = append(out, BudgetSummary{Name: name, Domains: int(doms.Val()), Leases: int(leases.Val()), Waiters: int(waiters.Val())})
+	}
+	slices.SortFunc(out, func(x, y BudgetSummary) int { return strings.Compare(x.Name, y.Name) })
+	return out, nil
+}
+
+// Inspection is a full view of one budget at one instant of Redis time.
+type Inspection struct {
+	Name       string        `json:"name"`
+	Now        time.Time     `json:"now"`     // Redis TIME
+	Created    time.Time     `json:"created"` // when the limits were first stored
+	Limits     budget.Limits `json:"limits"`
+	MemoryHeld int64         `json:"memory_held"`
+	Domains    []DomainState `json:"domains"`
+	Leases     []LeaseState  `json:"leases"`
+	Waiters    []WaiterState `json:"waiters"`
+	Truncated  bool          `json:"truncated,omitempty"` // more leases or waiters than listed
+}
+
+// DomainState is one domain of an Inspection.
+type DomainState struct {
+	Domain     budget.Domain          `json:"domain"`
+	InFlight   map[budget.OpClass]int `json:"in_flight"`
+	OpenBodies int                    `json:"open_bodies"`
+	// Tokens, Burst and Rate describe the domain's bucket; Rate is 0 when
+	// starts on the domain are not rate limited.
+	Tokens     float64       `json:"tokens"`
+	Burst      float64       `json:"burst"`
+	Rate       float64       `json:"rate"`
+	RateFactor float64       `json:"rate_factor"`
+	Throttled  bool          `json:"throttled"`
+	Paused     time.Duration `json:"paused"`
+	Waiters    int           `json:"waiters"`
+}
+
+// LeaseState is one lease of an Inspection.
+type LeaseState struct {
+	ID        string          `json:"id"`
+	Consumer  string          `json:"consumer"`
+	Domains   []budget.Domain `json:"domains"`
+	Class     budget.OpClass  `json:"class"`
+	Memory    int64           `json:"memory"`
+	Parts     string          `json:"parts"`
+	Age       time.Duration   `json:"age"`
+	ExpiresIn time.Duration   `json:"expires_in"`
+}
+
+// WaiterState is one waiter of an Inspection.
+type WaiterState struct {
+	ID        string          `json:"id"`
+	Consumer  string          `json:"consumer"`
+	Domains   []budget.Domain `json:"domains"`
+	Class     budget.OpClass  `json:"class"`
+	Memory    int64           `json:"memory"`
+	Ticket    int64           `json:"ticket"`
+	Waiting   time.Duration   `json:"waiting"`
+	ExpiresIn time.Duration   `json:"expires_in"`
+}
+
+// Inspect reads a whole budget in one script call: limits, every domain's
+// counts, bucket, factor, pause and queue, memory held, and up to most
+// leases and waiters (0 means 1000), oldest expiry first.
+func (a *Admin) Inspect(ctx context.Context, name string, most int) (Inspection, error) {
+	if most <= 0 {
+		most = 1000
+	}
+	res, err := a.run(ctx, name, "inspect", scriptInspect, most)
+	if err != nil {
+		return Inspection{}, err
+	}
+	if len(res) != 1 {
+		return Inspection{}, fmt.Errorf("redisstore: inspect: malformed reply")
+	}
+	var raw struct {
+		Now, Epoch, Limits, Memheld string
+		Domains                     luaList[map[string]string]
+		Leases                      luaList[map[string]string]
+		Waiters                     luaList[map[string]string]
+	}
+	if err := json.Unmarshal([]byte(res[0]), &raw); err != nil {
+		return Inspection{}, fmt.Errorf("redisstore: inspect: malformed reply: %v", err)
+	}
+	p := parser{}
+	now := p.us(raw.Now)
+	in := Inspection{Name: name, Now: usTime(now), Created: usTime(p.us(raw.Epoch)), MemoryHeld: p.int(raw.Memheld)}
+	if raw.Limits != "" {
+		if err := json.Unmarshal([]byte(raw.Limits), &in.Limits); err != nil {
+			return Inspection{}, fmt.Errorf("redisstore: inspect: stored limits: %v", err)
+		}
+	}
+	for _, r := range raw.Domains {
+		d := p.domain(r["enc"])
+		ds := DomainState{Domain: d, InFlight: map[budget.OpClass]int{}, OpenBodies: int(p.int(r["b"])),
+			RateFactor: p.float(r["factor"]), Throttled: r["throttled"] == "1",
+			Paused: time.Duration(p.int(r["pause_us"])) * time.Microsecond, Waiters: int(p.int(r["queue"]))}
+		for i, c := range budget.Classes {
+			if n := p.int(r["f"+strconv.Itoa(i)]); n != 0 {
+				ds.InFlight[c] = int(n)
+			}
+		}
+		if r["rate"] != "" {
+			ds.Tokens, ds.Burst, ds.Rate = p.float(r["tokens"]), p.float(r["burst"]), p.float(r["rate"])
+		}
+		in.Domains = append(in.Domains, ds)
+	}
+	sortStates(in.Domains)
+	for _, r := range raw.Leases {
+		in.Leases = append(in.Leases, LeaseState{ID: r["id"], Consumer: r["consumer"], Domains: p.domains(r["ds"]),
+			Class: p.class(r["c"]), Memory: p.int(r["m"]), Parts: lease.Parts(p.int(r["parts"])).String(),
+			Age: usSince(now, p.us(r["granted"])), ExpiresIn: -usSince(now, p.us(r["expires"]))})
+	}
+	for _, r := range raw.Waiters {
+		in.Waiters = append(in.Waiters, WaiterState{ID: r["id"], Consumer: r["consumer"], Domains: p.domains(r["ds"]),
+			Class: p.class(r["c"]), Memory: p.int(r["m"]), Ticket: p.int(r["ticket"]),
+			Waiting: usSince(now, p.us(r["arrived"])), ExpiresIn: -usSince(now, p.us(r["expires"]))})
+	}
+	slices.SortFunc(in.Waiters, func(x, y WaiterState) int { return int(x.Ticket - y.Ticket) })
+	in.Truncated = len(raw.Leases) >= most || len(raw.Waiters) >= most
+	if p.err != nil {
+		return Inspection{}, fmt.Errorf("redisstore: inspect: malformed reply: %v", p.err)
+	}
+	return in, nil
+}
+
+// Throttle reports a provider throttle on d as a host would.
+func (a *Admin) Throttle(ctx context.Context, name string, d budget.Domain, retryAfter time.Duration) error {
+	if err := d.Validate(); err != nil {
+		return err
+	}
+	if retryAfter < 0 {
+		return fmt.Errorf("%w: negative retry-after", budget.ErrInvalidRequest)
+	}
+	_, err := a.run(ctx, name, "throttle", scriptThrottle, encodeDomain(d), strconv.FormatInt(retryAfter.Microseconds(), 10))
+	return err
+}
+
+// ResetThrottle clears d's throttle state (factor back to 1, no pause). It
+// reports whether the domain had any state.
+func (a *Admin) ResetThrottle(ctx context.Context, name string, d budget.Domain) (bool, error) {
+	if err := d.Validate(); err != nil {
+		return false, err
+	}
+	res, err := a.run(ctx, name, "reset", scriptReset, encodeDomain(d))
+	if err != nil {
+		return false, err
+	}
+	return res[0] == "1", nil
+}
+
+// ReplaceLimits stores new limits for an existing budget; hosts enforce
+// them from their next call, and waiters re-check at once.
+func (a *Admin) ReplaceLimits(ctx context.Context, name string, l budget.Limits) error {
+	nl, err := l.Normalize()
+	if err != nil {
+		return err
+	}
+	if _, err := a.Inspect(ctx, name, 1); err != nil {
+		return err // only existing budgets: a typo must not create one
+	}
+	s := &Store{client: a.client, name: name, prefix: keyPrefix(name), idle: adminIdle, pubCmd: "PUBLISH"}
+	if _, ok := a.client.(*redis.ClusterClient); ok {
+		s.pubCmd = "SPUBLISH"
+	}
+	s.keys = []string{s.prefix + "cfg"}
+	return s.Register(ctx, nl, true)
+}
+
+// DropLeases returns, at once, the leases of consumer (or every lease when
+// all is set), as if they had expired. It reports how many it dropped.
+func (a *Admin) DropLeases(ctx context.Context, name, consumer string, all bool) (int, error) {
+	if !all && consumer == "" {
+		return 0, errors.New("redisstore: DropLeases needs a consumer or all")
+	}
+	flag := 0
+	if all {
+		flag = 1
+	}
+	res, err := a.run(ctx, name, "drop", scriptDrop, consumer, flag)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(res[0])
+	if err != nil {
+		return 0, fmt.Errorf("redisstore: drop: malformed reply %q", res[0])
+	}
+	return n, nil
+}
+
+// luaList decodes a JSON array, and also the "{}" that Lua's cjson writes
+// for an empty table.
+type luaList[T any] []T
+
+func (l *luaList[T]) UnmarshalJSON(b []byte) error {
+	if bytes.Equal(bytes.TrimSpace(b), []byte("{}")) {
+		*l = nil
+		return nil
+	}
+	return json.Unmarshal(b, (*[]T)(l))
+}
+
+// parser converts script strings, keeping the first error.
+type parser struct{ err error }
+
+func (p *parser) int(s string) int64 {
+	if s == "" {
+		return 0
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil && p.err == nil {
+		p.err = err
+	}
+	return n
+}
+
+func (p *parser) us(s string) int64 { return p.int(s) }
+
+func (p *parser) float(s string) float64 {
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil && p.err == nil {
+		p.err = err
+	}
+	return f
+}
+
+func (p *parser) domain(enc string) budget.Domain {
+	d, err := decodeDomain(enc)
+	if err != nil && p.err == nil {
+		p.err = err
+	}
+	return d
+}
+
+func (p *parser) domains(ds string) []budget.Domain {
+	var out []budget.Domain
+	for _, e := range strings.Fields(ds) {
+		out = append(out, p.domain(e))
+	}
+	return out
+}
+
+func (p *parser) class(s string) budget.OpClass {
+	i := p.int(s)
+	if i < 0 || int(i) >= len(budget.Classes) {
+		if p.err == nil {
+			p.err = fmt.Errorf("class index %d", i)
+		}
+		return ""
+	}
+	return budget.Classes[i]
+}
+
+func usTime(us int64) time.Time {
+	if us == 0 {
+		return time.Time{}
+	}
+	return time.UnixMicro(us)
+}
+
+func usSince(now, then int64) time.Duration {
+	if then == 0 {
+		return 0
+	}
+	return time.Duration(now-then) * time.Microsecond
+}
+
+func sortStates(ds []DomainState) {
+	slices.SortFunc(ds, func(a, b DomainState) int {
+		if a.Domain.Version != b.Domain.Version {
+			return a.Domain.Version - b.Domain.Version
+		}
+		return strings.Compare(a.Domain.ID, b.Domain.ID)
+	})
+}
