@@ -94,6 +94,8 @@ local function grant(doms)
   redis.call('PEXPIRE', lk, I(IDLE))
   redis.call('ZADD', P .. 'lexp', I(now + ttl), id)
   redis.call('PEXPIRE', P .. 'lexp', IDLE)
+  redis.call('ZADD', P .. 'lref', I(now), id)
+  redis.call('PEXPIRE', P .. 'lref', IDLE)
 end
 
 local doms = {}

@@ -22,6 +22,7 @@
 --   wexp         zset: waiter id -> liveness deadline (us)
 --   l:<id>       hash: a lease (domains, class, memory, parts held)
 --   lexp         zset: lease id -> expiry (us)
+--   lref         zset: lease id -> when its hash's idle TTL was last set (us)
 --   memq         zset: waiters blocked on memory, scored by ticket
 --   wake:<proc>  pub/sub channel of one process; messages are waiter ids
 -- <enc> is "<version>.<hex of the ID bytes>", injective and free of braces.
@@ -298,6 +299,7 @@ local function retire(lid, r, b, m)
   if hr == 0 and hb == 0 and hm == 0 then
     redis.call('DEL', lk)
     redis.call('ZREM', P .. 'lexp', lid)
+    redis.call('ZREM', P .. 'lref', lid)
   else
     redis.call('HSET', lk, 'hr', I(hr), 'hb', I(hb), 'hm', I(hm))
   end
