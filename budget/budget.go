@@ -75,6 +75,10 @@ type Budget struct {
 	grace  time.Duration
 	now    func() time.Time
 	keeper *lease.Keeper // nil when the store never expires leases
+	// local is set for the in-process store, whose calls cannot hang: the
+	// admission path then skips the clock reads and per-call deadlines that
+	// any other store needs.
+	local bool
 
 	idPrefix string
 	idSeq    atomic.Uint64
@@ -107,11 +111,13 @@ func New(limits Limits, opts ...Option) (*Budget, error) {
 	if o.store == nil {
 		o.store = newMemStore(o.now)
 	}
+	_, local := o.store.(*memStore)
 	b := &Budget{
 		store:    o.store,
 		limits:   nl,
 		grace:    o.grace,
 		now:      o.now,
+		local:    local,
 		idPrefix: uuid.NewString() + ".",
 		done:     make(chan struct{}),
 	}
@@ -183,7 +189,10 @@ func (b *Budget) Acquire(ctx context.Context, req Request) (*Lease, error) {
 		}
 	}()
 	for {
-		sent := b.now()
+		var sent time.Time // when the call went out: a lease's TTL starts after it
+		if !b.local {
+			sent = b.now()
+		}
 		att, err := b.tryAcquire(ctx, id, nreq, downSince)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -256,12 +265,12 @@ func (b *Budget) Acquire(ctx context.Context, req Request) (*Lease, error) {
 	}
 }
 
-// tryAcquire makes one store call. For a remote store the call is bounded
-// by the grace (counted from the start of an outage already under way), so
-// a hung or unreachable store turns into ErrUnavailable on time; the caller's
-// own deadline still applies.
+// tryAcquire makes one store call. Unless the store is the in-process one,
+// the call is bounded by the grace (counted from the start of an outage
+// already under way), so a hung or unreachable store turns into
+// ErrUnavailable on time; the caller's own deadline still applies.
 func (b *Budget) tryAcquire(ctx context.Context, id string, req Request, downSince time.Time) (Attempt, error) {
-	if b.keeper == nil {
+	if b.local {
 		return b.store.TryAcquire(ctx, id, req)
 	}
 	start := downSince

@@ -35,7 +35,12 @@ type memStore struct {
 	// they are deleted once full, so a deleted domain never comes back with
 	// more tokens than it had.
 	draining map[*domainState]struct{}
+	ops      uint // calls, to sweep only every sweepEvery of them
 }
+
+// sweepEvery spaces out sweeps: a domain stays idle for seconds before it
+// can go, so looking on every call would only burn time on the hot path.
+const sweepEvery = 32
 
 type domainState struct {
 	d        Domain
@@ -71,6 +76,7 @@ type waiter struct {
 
 type memLease struct {
 	doms  []*domainState
+	one   [1]*domainState // doms for a single-domain request, without a second allocation
 	class int
 	mem   int64
 	held  lease.Parts
@@ -117,11 +123,17 @@ func (s *memStore) TryAcquire(_ context.Context, id string, req Request) (Attemp
 			ErrNeverAdmissible, req.MemoryBytes, s.limits.MemoryBytes)
 	}
 	now := s.now()
-	s.sweep(now)
+	if s.ops++; s.ops%sweepEvery == 0 {
+		s.sweep(now)
+	}
 
 	w := s.waiters[id]
 	if w == nil {
-		doms := make([]*domainState, len(req.Domains))
+		l := &memLease{}
+		doms := l.one[:]
+		if len(req.Domains) > 1 {
+			doms = make([]*domainState, len(req.Domains))
+		}
 		empty := true
 		for i, d := range req.Domains {
 			doms[i] = s.domain(d)
@@ -130,7 +142,7 @@ func (s *memStore) TryAcquire(_ context.Context, id string, req Request) (Attemp
 		// Nobody ahead anywhere: admit without queueing if everything fits.
 		if empty {
 			if slot, mem, wait := s.check(doms, req, now, ^uint64(0)); !slot && !mem && wait == 0 {
-				s.grant(id, doms, req, now)
+				s.grant(id, l, doms, req, now)
 				return Attempt{Outcome: Granted}, nil
 			}
 		}
@@ -165,7 +177,7 @@ func (s *memStore) attempt(w *waiter, now time.Time) Attempt {
 	case wait > 0:
 		return Attempt{Outcome: Delayed, Wait: wait, Wake: w.wake}
 	}
-	s.grant(w.id, w.doms, w.req, now)
+	s.grant(w.id, &memLease{}, w.doms, w.req, now)
 	s.removeWaiter(w)
 	return Attempt{Outcome: Granted}
 }
@@ -205,7 +217,7 @@ func (s *memStore) check(doms []*domainState, req Request, now time.Time, ticket
 
 // grant charges req to every domain and the memory pool, and records the
 // lease. Lock held; check has just refilled the buckets at now.
-func (s *memStore) grant(id string, doms []*domainState, req Request, now time.Time) {
+func (s *memStore) grant(id string, l *memLease, doms []*domainState, req Request, now time.Time) {
 	class := req.Class.Index()
 	for _, ds := range doms {
 		ds.inFlight[class]++
@@ -223,7 +235,8 @@ func (s *memStore) grant(id string, doms []*domainState, req Request, now time.T
 		delete(s.draining, ds)
 	}
 	s.memHeld += req.MemoryBytes
-	s.leases[id] = &memLease{doms: doms, class: class, mem: req.MemoryBytes, held: req.Parts()}
+	l.doms, l.class, l.mem, l.held = doms, class, req.MemoryBytes, req.Parts()
+	s.leases[id] = l
 }
 
 // removeWaiter takes w out of every queue and wakes whoever now heads them.

@@ -31,9 +31,11 @@ type Keeper struct {
 	interval time.Duration
 	now      func() time.Time
 
-	mu     sync.Mutex
-	leases map[string]*Lease
+	mu      sync.Mutex
+	leases  map[string]*Lease
+	stopped bool // set by Stop under mu: Track after it marks the lease lost
 
+	track    chan struct{} // a lease was tracked: arm the expiry timer
 	stop     chan struct{}
 	done     chan struct{}
 	stopOnce sync.Once
@@ -44,7 +46,13 @@ type KeeperOption func(*Keeper)
 
 // WithClock makes the keeper read time from now instead of time.Now. Only
 // differences between its readings matter, so a skewed clock is harmless.
-func WithClock(now func() time.Time) KeeperOption { return func(k *Keeper) { k.now = now } }
+func WithClock(now func() time.Time) KeeperOption {
+	return func(k *Keeper) {
+		if now != nil {
+			k.now = now
+		}
+	}
+}
 
 // NewKeeper starts a keeper that renews leases of r every ttl/3. Stop ends it.
 func NewKeeper(r Renewer, ttl time.Duration, opts ...KeeperOption) (*Keeper, error) {
@@ -60,6 +68,7 @@ func NewKeeper(r Renewer, ttl time.Duration, opts ...KeeperOption) (*Keeper, err
 		interval: ttl / 3,
 		now:      time.Now,
 		leases:   make(map[string]*Lease),
+		track:    make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
@@ -80,16 +89,18 @@ func (k *Keeper) Track(l *Lease, sentAt time.Time) {
 	l.keeper = k
 	l.renewed = sentAt
 	l.mu.Unlock()
-	select {
-	case <-k.stop:
-		// The keeper is gone: nobody will renew this lease.
-		l.markLost()
-		return
-	default:
-	}
 	k.mu.Lock()
+	if k.stopped {
+		k.mu.Unlock()
+		l.markLost() // the keeper is gone: nobody will renew this lease
+		return
+	}
 	k.leases[l.id] = l
 	k.mu.Unlock()
+	select {
+	case k.track <- struct{}{}:
+	default:
+	}
 }
 
 // Len reports how many leases the keeper renews.
@@ -115,19 +126,31 @@ func (k *Keeper) Stop() {
 		close(k.stop)
 		<-k.done
 		k.mu.Lock()
+		k.stopped = true
 		left := k.leases
 		k.leases = make(map[string]*Lease)
 		k.mu.Unlock()
 		for _, l := range left {
-			l.markLost()
+			l.markLostIfHeld()
 		}
 	})
 }
 
+// run beats every interval, and also wakes at the earliest moment a lease
+// would go a whole TTL unrenewed: a lease granted between two beats must not
+// be declared lost up to an interval after the store already expired it.
 func (k *Keeper) run() {
 	defer close(k.done)
 	t := time.NewTicker(k.interval)
 	defer t.Stop()
+	expiry := time.NewTimer(time.Hour)
+	expiry.Stop()
+	defer expiry.Stop()
+	arm := func() {
+		if next, ok := k.nextExpiry(); ok {
+			expiry.Reset(max(next.Sub(k.now()), 0))
+		}
+	}
 	for {
 		select {
 		case <-k.stop:
@@ -136,7 +159,48 @@ func (k *Keeper) run() {
 			ctx, cancel := context.WithTimeout(context.Background(), k.interval)
 			k.Beat(ctx)
 			cancel()
+			arm()
+		case <-k.track:
+			arm()
+		case <-expiry.C:
+			k.expire(k.now())
+			arm()
 		}
+	}
+}
+
+// nextExpiry is the earliest renewed+TTL among tracked leases still held.
+func (k *Keeper) nextExpiry() (time.Time, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var next time.Time
+	for _, l := range k.leases {
+		l.mu.Lock()
+		d, held := l.renewed.Add(k.ttl), l.held != 0 && !l.isLost
+		l.mu.Unlock()
+		if held && (next.IsZero() || d.Before(next)) {
+			next = d
+		}
+	}
+	return next, !next.IsZero()
+}
+
+// expire marks lost every held lease whose last confirmed renewal was sent
+// a whole TTL ago: the store has expired it, or is about to.
+func (k *Keeper) expire(now time.Time) {
+	k.mu.Lock()
+	var gone []*Lease
+	for _, l := range k.leases {
+		l.mu.Lock()
+		if now.Sub(l.renewed) >= k.ttl {
+			gone = append(gone, l)
+		}
+		l.mu.Unlock()
+	}
+	k.mu.Unlock()
+	for _, l := range gone {
+		l.markLostIfHeld()
+		k.untrack(l)
 	}
 }
 
@@ -168,7 +232,7 @@ func (k *Keeper) Beat(ctx context.Context) {
 			k.untrack(l)
 			continue
 		case expired:
-			l.markLost()
+			l.markLostIfHeld()
 			k.untrack(l)
 			continue
 		}
@@ -205,9 +269,7 @@ func (k *Keeper) Beat(ctx context.Context) {
 		if _, ok := gone[l.id]; ok {
 			// A lease released while this beat was in flight is missing
 			// because it was released, not lost.
-			if l.Held() != 0 {
-				l.markLost()
-			}
+			l.markLostIfHeld()
 			k.untrack(l)
 			continue
 		}

@@ -10,6 +10,7 @@ package lease
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -30,6 +31,9 @@ const (
 func (p Parts) String() string {
 	if p == 0 {
 		return "none"
+	}
+	if p&^All != 0 {
+		return "parts(" + strconv.Itoa(int(p)) + ")"
 	}
 	s := ""
 	for _, x := range []struct {
@@ -53,10 +57,11 @@ type Retirer interface {
 	Retire(ctx context.Context, id string, parts Parts) error
 }
 
-// RetireTimeout bounds one call to the store when a lease part is retired.
-// Retirement has no context of its own (it is usually deferred); a call that
-// fails or times out is retried by the Keeper, and a lease that is never
-// renewed again is reclaimed by the store within one TTL in any case.
+// RetireTimeout is how long a remote store should allow one retirement
+// call. Retirement has no context of its own (it is usually deferred), so
+// the lease passes context.Background() and a store that talks to a server
+// bounds the call itself; a call that fails is retried by the Keeper, and a
+// lease that is never renewed again is reclaimed within one TTL anyway.
 const RetireTimeout = 5 * time.Second
 
 // Lease is one admitted request's hold on a budget. Its methods are safe to
@@ -147,10 +152,7 @@ func (l *Lease) retire(parts Parts) {
 		// The store already dropped this lease; nothing of it is left there.
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), RetireTimeout)
-	err := l.r.Retire(ctx, l.id, parts)
-	cancel()
-	if err != nil {
+	if err := l.r.Retire(context.Background(), l.id, parts); err != nil {
 		l.mu.Lock()
 		l.pending |= parts
 		l.mu.Unlock()
@@ -158,6 +160,18 @@ func (l *Lease) retire(parts Parts) {
 	}
 	if done && k != nil {
 		k.untrack(l)
+	}
+}
+
+// markLostIfHeld closes Lost() unless the holder already released
+// everything: a lease given back (even if the store has not confirmed it
+// yet) is finished, not lost.
+func (l *Lease) markLostIfHeld() {
+	l.mu.Lock()
+	held := l.held != 0
+	l.mu.Unlock()
+	if held {
+		l.markLost()
 	}
 }
 

@@ -17,6 +17,7 @@
 --   {"3", wait_us}     delayed: try again after wait_us (rate or pause)
 --   {"-1", mem_limit}  never admissible: memory above the run's ceiling
 --   {"-2"}             the budget is not registered (config missing)
+-- While the budget is quarantined after a state loss, every call is delayed.
 
 local id = id_arg(ARGV[3], 'waiter id')
 local ch = id_arg(ARGV[4], 'process channel')
@@ -35,6 +36,12 @@ local lim = limits()
 if not lim then return {'-2'} end
 touch_cfg()
 reclaim(now)
+-- After a state loss, counts are not trusted until every live holder has
+-- had one TTL to re-assert its leases.
+local qu = tonumber(redis.call('HGET', CFG, 'qu'))
+if qu and now < qu then
+  return {'3', I(qu - now)}
+end
 
 local lk = P .. 'l:' .. id
 if redis.call('EXISTS', lk) == 1 then

@@ -6,9 +6,11 @@
 -- ARGV[4]  number of lease ids n, then ARGV[5..4+n] the ids
 -- ARGV[5+n] number of domain encodings m, then the encodings the leases use
 --          (their hashes must outlive the leases that count in them)
--- Returns the ids that are no longer held (released, reclaimed or expired),
--- as a list of strings. An expired lease is reclaimed here rather than
--- renewed: renewal never brings a lease back.
+-- ARGV[6+n+m] the epoch this host knows
+-- Returns {"-2"} when the budget's config is gone, {"-3", epoch} when the
+-- epoch differs (the host must re-assert its leases first), else {"1", ids
+-- no longer held (released, reclaimed or expired)...}. An expired lease is
+-- reclaimed here rather than renewed: renewal never brings a lease back.
 --
 -- Cost: per 1000 leases one ZMSCORE and one ZADD XX, instead of commands per
 -- lease. Lease hashes get their idle TTL refreshed only when half of it is
@@ -17,15 +19,20 @@
 local ttl = int(ARGV[3], 'lease ttl', 1, 86400000) * 1000
 local n = int(ARGV[4], 'lease count', 0, 1000000)
 local m = int(ARGV[5 + n], 'domain count', 0, 1000000)
-if #ARGV ~= 5 + n + m then bad('counts do not match the arguments') end
+if #ARGV ~= 6 + n + m then bad('counts do not match the arguments') end
 for i = 5, 4 + n do id_arg(ARGV[i], 'lease id') end
+local known = ARGV[6 + n + m]
 
 local now = clock()
-if redis.call('EXISTS', CFG) == 1 then touch_cfg() end
+local epoch = redis.call('HGET', CFG, 'epoch')
+if not epoch then return {'-2'} end
+if restarted() then epoch = new_epoch(now, ttl) end
+if epoch ~= known then return {'-3', epoch} end
+touch_cfg()
 reclaim(now)
 local lexp = P .. 'lexp'
 local exp = I(now + ttl)
-local missing = {}
+local missing = {'1'}
 local CHUNK = 1000
 for first = 5, 4 + n, CHUNK do
   local last = math.min(first + CHUNK - 1, 4 + n)

@@ -14,7 +14,8 @@
 --
 -- Key layout under the prefix P:
 --   cfg          hash: limits (json, rps, burst, c0..c3, bodies, mem),
---                memheld, seq (arrival tickets), epoch
+--                memheld, seq (arrival tickets), epoch, qu (quarantine end
+--                after a state loss), rid (the Redis run_id that wrote it)
 --   d:<enc>      hash: one domain's counts, bucket, throttle and start rate
 --   q:<enc>      zset: waiters of a domain, scored by arrival ticket
 --   doms         zset: domain encodings, scored by last use (for Usage)
@@ -318,4 +319,28 @@ local function reclaim(now)
   for _, wid in ipairs(ids) do
     remove_waiter(wid)
   end
+end
+
+-- Reports whether Redis restarted since this budget was last checked while
+-- its data came back from disk (AOF or RDB): writes of the last moments
+-- before the crash may be missing, so counts cannot be trusted as they are.
+-- INFO costs about 10us, so only the register, heartbeat and throttle
+-- scripts ask; miniredis (no INFO in Lua) never reports a restart.
+local function restarted()
+  local ok, info = pcall(redis.call, 'INFO', 'server')
+  if not ok or type(info) ~= 'string' then return false end
+  local rid = string.match(info, 'run_id:(%x+)')
+  if not rid then return false end
+  local known = redis.call('HGET', CFG, 'rid')
+  if known == rid then return false end
+  redis.call('HSET', CFG, 'rid', rid)
+  return known ~= false
+end
+
+-- Starts a new epoch under quarantine: every live holder re-asserts its
+-- leases (it sees the epoch change on its next heartbeat) before any new
+-- grant trusts the counts.
+local function new_epoch(now, quarantine_us)
+  redis.call('HSET', CFG, 'epoch', I(now), 'qu', I(now + quarantine_us))
+  return I(now)
 end

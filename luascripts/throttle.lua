@@ -7,6 +7,7 @@
 -- KEYS[1]  config hash
 -- ARGV[3]  domain encoding
 -- ARGV[4]  retry-after, us (0: unknown)
+-- ARGV[5]  quarantine after a detected restart, ms (the caller's lease TTL)
 -- Returns {"1", factor} or {"-2"} when the budget is not registered.
 
 local enc = enc_arg(ARGV[3])
@@ -14,6 +15,7 @@ local pause = int(ARGV[4], 'retry-after', 0, 9007199254740991)
 local now = clock()
 local lim = limits()
 if not lim then return {'-2'} end
+if restarted() then new_epoch(now, int(ARGV[5], 'quarantine', 0, 86400000) * 1000) end
 touch_cfg()
 reclaim(now)
 

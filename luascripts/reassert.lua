@@ -1,0 +1,57 @@
+-- uses: lib.lua
+-- reassert: after Redis lost the budget's state (a restart without
+-- persistence, a failover that dropped writes), a host puts back the leases
+-- it still holds, so counts are right again before the quarantine ends.
+-- Idempotent by lease id: a lease that exists is left as it is. The budget
+-- stays quarantined (no new grants) for one TTL of the re-asserting host.
+--
+-- KEYS[1]  config hash
+-- ARGV[3]  lease TTL, ms
+-- ARGV[4]  number of leases n, then per lease 6 fields and its domains:
+--          id, class index, memory, parts (1 request + 2 body + 4 memory),
+--          consumer, domain count k, then k domain encodings
+-- Returns {"-2"} when the budget is not registered, else {count re-asserted}.
+
+local ttl = int(ARGV[3], 'lease ttl', 1, 86400000) * 1000
+local n = int(ARGV[4], 'lease count', 0, 1000000)
+local now = clock()
+local lim = limits()
+if not lim then return {'-2'} end
+touch_cfg()
+-- The host saw the epoch change under it. If the budget was re-created by
+-- a host that could not know of the loss (it joined after it), nothing is
+-- quarantined yet: hold new grants until this host's holders are back.
+local qu = tonumber(redis.call('HGET', CFG, 'qu')) or 0
+if qu < now + ttl then redis.call('HSET', CFG, 'qu', I(now + ttl)) end
+local i, done = 5, 0
+for _ = 1, n do
+  local id = id_arg(ARGV[i], 'lease id')
+  local class = int(ARGV[i + 1], 'class', 0, 3)
+  local mem = int(ARGV[i + 2], 'memory', 0, 9007199254740991)
+  local parts = int(ARGV[i + 3], 'parts', 1, 7)
+  local consumer = ARGV[i + 4] or ''
+  local k = int(ARGV[i + 5], 'domain count', 1, 10000)
+  local encs = {}
+  for j = 1, k do encs[j] = enc_arg(ARGV[i + 5 + j]) end
+  i = i + 6 + k
+  local lk = P .. 'l:' .. id
+  if redis.call('EXISTS', lk) == 0 then
+    local hr, hb, hm = parts % 2, math.floor(parts / 2) % 2, math.floor(parts / 4) % 2
+    for _, e in ipairs(encs) do
+      local d = dload(e)
+      if hr == 1 then d['f' .. class] = d['f' .. class] + 1 end
+      if hb == 1 then d.b = d.b + 1 end
+      dsave(d, now, lim)
+    end
+    if hm == 1 and mem > 0 then redis.call('HINCRBY', CFG, 'memheld', I(mem)) end
+    redis.call('HSET', lk, 'ds', table.concat(encs, ' '), 'c', I(class), 'm', I(mem),
+      'hr', I(hr), 'hb', I(hb), 'hm', I(hm), 'cs', consumer, 'g', I(now), 'ch', 'reasserted')
+    redis.call('PEXPIRE', lk, I(IDLE))
+    redis.call('ZADD', P .. 'lexp', I(now + ttl), id)
+    redis.call('ZADD', P .. 'lref', I(now), id)
+    done = done + 1
+  end
+end
+redis.call('PEXPIRE', P .. 'lexp', IDLE)
+redis.call('PEXPIRE', P .. 'lref', IDLE)
+return {I(done)}

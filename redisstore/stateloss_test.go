@@ -1,0 +1,87 @@
+package redisstore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/internal/redistest"
+)
+
+// TestStateLoss: Redis restarts empty, or from its AOF after kill -9, while
+// one host holds the only slot and another waits for it. The holder puts
+// its lease back (it is not lost), the quarantine keeps the waiter from
+// being admitted on the forgotten counts, and the slot still passes to the
+// waiter once the holder releases it.
+func TestStateLoss(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []redistest.Option
+	}{
+		{"restart empty", nil},
+		{"restart from AOF after kill -9", []redistest.Option{redistest.WithConfig("appendonly yes", "appendfsync everysec")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t, tc.opts...)
+			const ttl = 900 * time.Millisecond
+			lim := slots(1)
+			holder := open(t, srv.Client(t), "loss", lim, ttl)
+			waiterHost := open(t, srv.Client(t), "loss", lim, ttl)
+			a := dom("a")
+			held := mustAcquire(t, holder, get(a))
+
+			got := make(chan time.Time, 1)
+			go func() {
+				l, err := waiterHost.Acquire(context.Background(), get(a))
+				if err != nil {
+					t.Error(err)
+					got <- time.Time{}
+					return
+				}
+				at := time.Now()
+				l.Release()
+				got <- at
+			}()
+			for usage(t, waiterHost).Waiters != 1 {
+				time.Sleep(time.Millisecond)
+			}
+			time.Sleep(1100 * time.Millisecond) // let the AOF fsync the state
+			srv.Kill()
+			srv.Restart(t)
+			// The waiter's host asks again at once, before the holder's next
+			// heartbeat could re-assert: only the quarantine keeps it out.
+			ctx, cancel := context.WithTimeout(context.Background(), 2*ttl)
+			defer cancel()
+			if l, err := waiterHost.Acquire(ctx, get(a)); err == nil {
+				l.Release()
+				t.Fatal("a host was admitted on the counts Redis forgot, while the holder still holds the only slot")
+			}
+
+			// Past the quarantine and several heartbeats: the waiter must
+			// still be waiting, because the holder re-asserted.
+			select {
+			case at := <-got:
+				t.Fatalf("waiter admitted at %v while the holder still holds the only slot", at)
+			case <-held.Lost():
+				t.Fatal("holder's lease declared lost instead of re-asserted")
+			case <-time.After(3 * ttl):
+			}
+			if du := domainOf(usage(t, holder), a); du.InFlight[budget.OpGet] != 1 {
+				t.Errorf("after the loss: %+v, want the held lease counted", du)
+			}
+			released := time.Now()
+			held.Release()
+			select {
+			case at := <-got:
+				if at.IsZero() {
+					t.Fatal("waiter failed")
+				}
+				t.Logf("waiter admitted %v after the release", at.Sub(released))
+			case <-time.After(10 * time.Second):
+				t.Fatal("waiter not admitted after the release")
+			}
+			expectIdle(t, holder)
+		})
+	}
+}
