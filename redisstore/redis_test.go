@@ -529,3 +529,44 @@ func TestScriptArgumentsValidated(t *testing.T) {
 		t.Errorf("refused calls changed usage: %+v", u)
 	}
 }
+
+// TestACLSecretNeverInErrors: a client logging in as an ACL user with a
+// wrong secret, and one whose user lacks permissions, get errors that name
+// the problem without the secret.
+func TestACLSecretNeverInErrors(t *testing.T) {
+	const secret = "acl-Secret-42"
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "lane", "on", ">"+secret, "~*", "&*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Do(ctx, "ACL", "SETUSER", "weak", "on", ">"+secret, "~*", "+ping").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ user, pass string }{
+		{"lane", secret + "-wrong"},
+		{"weak", secret},
+		{"nobody", secret},
+	} {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: tc.user, Password: tc.pass, ContextTimeoutEnabled: true})
+		s, err := redisstore.New(c, "acl")
+		if err == nil {
+			b, berr := budget.New(slots(1), budget.WithStore(s), budget.WithUnavailableGrace(300*time.Millisecond))
+			if berr == nil {
+				_, err = b.Acquire(within(t, time.Second), get(dom("a")))
+				b.Close()
+			} else {
+				err = berr
+			}
+		}
+		c.Close()
+		if err == nil {
+			t.Errorf("user %s: no error", tc.user)
+			continue
+		}
+		if strings.Contains(err.Error(), secret) {
+			t.Errorf("user %s: error reveals the secret: %v", tc.user, err)
+		}
+	}
+}
