@@ -1,0 +1,50 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/runbudget/runbudget/redisstore"
+	"github.com/spf13/cobra"
+)
+
+func (a *app) listCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "list",
+		Short: "List the budgets in Redis, with domain, lease and waiter counts",
+		Long: `list finds every budget in the Redis and prints, for each, how many
+domains it tracks and how many leases and waiters it holds. Counts may
+include entries that expired but were not yet reclaimed.
+
+With --json it prints one JSON array of {name, domains, leases, waiters}.`,
+		Args: exactArgs(),
+		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := a.opContext(cmd.Context())
+			defer cancel()
+			adm, done, err := a.admin(ctx)
+			if err != nil {
+				return err
+			}
+			defer done()
+			list, err := adm.List(ctx)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				if list == nil {
+					list = []redisstore.BudgetSummary{}
+				}
+				return writeJSON(a.stdout, list)
+			}
+			if len(list) == 0 {
+				_, err := fmt.Fprintln(a.stdout, "no budgets in this Redis")
+				return err
+			}
+			tw := newTable(a.stdout)
+			fmt.Fprintln(tw, "NAME\tDOMAINS\tLEASES\tWAITERS")
+			for _, s := range list {
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", quote(s.Name), s.Domains, s.Leases, s.Waiters)
+			}
+			return tw.Flush()
+		}),
+	}
+}

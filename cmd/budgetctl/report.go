@@ -1,0 +1,162 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/runbudget/runbudget/budget"
+)
+
+// The run modes of the demo's report.
+const (
+	modeBudget = "budget"   // every host drew on one shared budget
+	modeLanes  = "per-lane" // each lane limited itself, as if alone
+)
+
+// demoReport is what the demo prints at the end; --json prints it as is.
+type demoReport struct {
+	Hosts         int           `json:"hosts"`
+	Lanes         int           `json:"lanes"`
+	Objects       int           `json:"objects"`
+	Size          int64         `json:"size"`
+	Quota         float64       `json:"quota"`
+	MaxConcurrent int           `json:"max_concurrent"`
+	Limits        budget.Limits `json:"limits"`
+	Budget        string        `json:"budget"`
+	Redis         string        `json:"redis"` // "embedded", or host:port
+	Runs          []runReport   `json:"runs"`
+}
+
+// runReport is one run: the provider's view, and each host's last word.
+type runReport struct {
+	Mode     string        `json:"mode"`
+	Copied   int64         `json:"copied"`
+	Seconds  float64       `json:"seconds"`
+	Provider providerStats `json:"provider"`
+	Hosts    []workerEvent `json:"hosts"`
+}
+
+// renderReport prints the report as a table, one column per run, and a
+// conclusion drawn from the numbers.
+func renderReport(w io.Writer, r demoReport) error {
+	fmt.Fprintf(w, "%d hosts x %d lanes copied %d objects (about %s each) from a provider with a quota of\n",
+		r.Hosts, r.Lanes, r.Objects, formatBytes(r.Size))
+	burst := 0
+	if len(r.Runs) > 0 {
+		burst = r.Runs[0].Provider.Burst
+	}
+	fmt.Fprintf(w, "%s requests/s (bucket of %d) and at most %d requests at once.\n", num(r.Quota), burst, r.MaxConcurrent)
+	fmt.Fprintf(w, "Budget %s in Redis (%s): %s\n\n", quote(r.Budget), r.Redis, formatLimits(r.Limits))
+
+	tw := newTable(w)
+	fmt.Fprint(tw, " ")
+	for _, run := range r.Runs {
+		switch run.Mode {
+		case modeBudget:
+			fmt.Fprint(tw, "\tshared budget")
+		default:
+			fmt.Fprint(tw, "\tper-lane limits, no budget")
+		}
+	}
+	fmt.Fprintln(tw)
+	row := func(label string, cell func(run runReport) string) {
+		fmt.Fprint(tw, label)
+		for _, run := range r.Runs {
+			fmt.Fprint(tw, "\t"+cell(run))
+		}
+		fmt.Fprintln(tw)
+	}
+	row("objects copied", func(run runReport) string { return fmt.Sprintf("%d of %d", run.Copied, r.Objects) })
+	row("duration", func(run runReport) string { return strconv.FormatFloat(run.Seconds, 'f', 1, 64) + "s" })
+	row("requests the provider received", func(run runReport) string { return strconv.Itoa(run.Provider.Requests) })
+	row("  per second, mean", func(run runReport) string {
+		return fmt.Sprintf("%s (quota %s)", num(run.Provider.RequestsPerSecond), num(r.Quota))
+	})
+	row("  in the busiest second", func(run runReport) string { return strconv.Itoa(run.Provider.PeakPerSecond) })
+	row("throttled (503, Retry-After)", func(run runReport) string { return strconv.Itoa(run.Provider.Throttled) })
+	for _, c := range providerClasses {
+		row("peak in flight, "+string(c), func(run runReport) string {
+			return fmt.Sprintf("%d (ceiling %s)", run.Provider.Classes[c].PeakInFlight, ceiling(r.Limits.InFlight[c]))
+		})
+	}
+	row("peak open bodies", func(run runReport) string {
+		return fmt.Sprintf("%d (ceiling %s)", run.Provider.PeakOpenBodies, ceiling(r.Limits.OpenBodies))
+	})
+	row("peak served at once", func(run runReport) string {
+		return fmt.Sprintf("%d (provider max %s)", run.Provider.PeakConcurrent, ceiling(r.MaxConcurrent))
+	})
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	for _, line := range conclusions(r) {
+		fmt.Fprintln(w, line)
+	}
+	return nil
+}
+
+// conclusions says in words what the table shows, from the numbers only:
+// where a run broke a ceiling or the quota, it says so.
+func conclusions(r demoReport) []string {
+	var out []string
+	lanes := r.Hosts * r.Lanes
+	var on, off *runReport
+	for i := range r.Runs {
+		if r.Runs[i].Mode == modeBudget {
+			on = &r.Runs[i]
+		} else {
+			off = &r.Runs[i]
+		}
+	}
+	if on != nil {
+		broke := overCeilings(r.Limits, on.Provider)
+		switch {
+		case len(broke) == 0 && on.Provider.Throttled == 0:
+			out = append(out, fmt.Sprintf("With the shared budget, %d lanes on %d hosts drew no throttle and stayed within every ceiling.", lanes, r.Hosts))
+		case len(broke) == 0:
+			out = append(out, fmt.Sprintf("With the shared budget, %d lanes on %d hosts stayed within every ceiling; the provider throttled %d request(s), and every host slowed down together.", lanes, r.Hosts, on.Provider.Throttled))
+		default:
+			out = append(out, fmt.Sprintf("With the shared budget the provider saw more than the ceiling for %s: look into it.", strings.Join(broke, ", ")))
+		}
+		if rps := r.Limits.RequestsPerSecond; rps > 0 && on.Provider.Requests > 0 {
+			out = append(out, fmt.Sprintf("Its duration follows the budget's rate: %d requests at %s/s take at least %.1fs.",
+				on.Provider.Requests, num(rps), float64(on.Provider.Requests)/rps))
+		}
+	}
+	if off != nil {
+		line := fmt.Sprintf("With per-lane limits the same lanes sent %d requests", off.Provider.Requests)
+		if on != nil && on.Provider.Requests > 0 {
+			line += fmt.Sprintf(" (%.1fx as many)", float64(off.Provider.Requests)/float64(on.Provider.Requests))
+		}
+		line += fmt.Sprintf(", %d of them refused with 503", off.Provider.Throttled)
+		if broke := overCeilings(r.Limits, off.Provider); len(broke) > 0 {
+			line += "; in flight they exceeded the ceilings for " + strings.Join(broke, ", ")
+		}
+		out = append(out, line+": limits right for one lane multiply by the number of lanes.")
+	}
+	return out
+}
+
+// overCeilings names the dimensions where the provider saw more in flight
+// than the budget's ceilings.
+func overCeilings(l budget.Limits, s providerStats) []string {
+	var out []string
+	for _, c := range providerClasses {
+		if n := l.InFlight[c]; n > 0 && s.Classes[c].PeakInFlight > n {
+			out = append(out, string(c))
+		}
+	}
+	if l.OpenBodies > 0 && s.PeakOpenBodies > l.OpenBodies {
+		out = append(out, "open bodies")
+	}
+	return out
+}
+
+func num(f float64) string {
+	if f >= 100 || f == float64(int64(f)) {
+		return strconv.FormatFloat(f, 'f', 0, 64)
+	}
+	return strconv.FormatFloat(f, 'f', 1, 64)
+}
