@@ -1,3 +1,4 @@
+#!lua
 -- uses: lib.lua
 -- acquire: one admission attempt for a waiter (budget.Store.TryAcquire).
 --

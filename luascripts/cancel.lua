@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- uses: lib.lua
 -- cancel: a waiter gives up. It leaves every queue, and anything granted
 -- under its id (a grant whose reply was lost, or that raced the caller's

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- uses: lib.lua
 -- drop: an operator returns the leases of dead hosts at once instead of
 -- waiting for them to expire. Each is retired as a reclaim would, waking

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- uses: lib.lua
 -- heartbeat: renew every live lease of one process in one call.
 --

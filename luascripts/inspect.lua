@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- uses: lib.lua
 -- inspect: everything an operator needs to see of a budget, as one JSON
 -- document. Read-only apart from the reclaim step every script runs.

@@ -17,27 +17,50 @@ import (
 //go:embed *.lua
 var files embed.FS
 
-// libMarker is the first line of a script that wants lib.lua prepended.
+// libMarker is the line (first, or right after the shebang) of a script
+// that wants lib.lua prepended.
 const libMarker = "-- uses: lib.lua"
 
 // Source returns the text of the named script (without the .lua suffix), with
-// lib.lua prepended when the script's first line asks for it. It panics for a
-// name that is not embedded: script names are compile-time constants of this
-// module, so a miss is a programming error found by any test that loads it.
+// lib.lua prepended when the script asks for it. A script's shebang line
+// ("#!lua flags=..."), which must stay the very first line, is kept first.
+// It panics for a name that is not embedded: script names are compile-time
+// constants of this module, so a miss is a programming error found by any
+// test that loads it.
+//
+// The shebang matters on Redis 7: a script that declares one is refused as
+// a whole when Redis is out of memory (unless flagged allow-oom), instead of
+// failing at its first growing write after earlier writes went through.
 func Source(name string) string {
 	b, err := files.ReadFile(name + ".lua")
 	if err != nil {
 		panic(fmt.Sprintf("luascripts: no script %q", name))
 	}
-	src := string(b)
-	if strings.HasPrefix(src, libMarker) {
+	shebang, body := "", string(b)
+	if strings.HasPrefix(body, "#!") {
+		line, rest, _ := strings.Cut(body, "\n")
+		shebang, body = line+"\n", rest
+	}
+	if strings.HasPrefix(body, libMarker) {
 		lib, err := files.ReadFile("lib.lua")
 		if err != nil {
 			panic("luascripts: " + name + " asks for lib.lua, which is missing")
 		}
-		src = string(lib) + "\n" + src
+		body = string(lib) + "\n" + body
 	}
-	return src
+	return shebang + body
+}
+
+// WithoutShebang returns src without its shebang line, for servers that do
+// not understand one (Redis before 7, miniredis). The script is otherwise
+// the same; only the out-of-memory behaviour described at Source differs.
+func WithoutShebang(src string) string {
+	if !strings.HasPrefix(src, "#!") {
+		return src
+	}
+	// An empty comment in its place keeps line numbers in errors the same.
+	_, rest, _ := strings.Cut(src, "\n")
+	return "--\n" + rest
 }
 
 // Names lists the embedded scripts, lib.lua excluded, sorted.

@@ -1,3 +1,4 @@
+#!lua
 -- uses: lib.lua
 -- reassert: after Redis lost the budget's state (a restart without
 -- persistence, a failover that dropped writes), a host puts back the leases

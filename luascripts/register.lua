@@ -1,3 +1,4 @@
+#!lua
 -- uses: lib.lua
 -- register: store a budget's limits, or check them against the stored ones.
 --

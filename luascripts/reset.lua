@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- uses: lib.lua
 -- reset: an operator clears a domain's throttle state: factor back to 1, no
 -- pause. Counts and the bucket's tokens stay. The head of the domain's queue

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- uses: lib.lua
 -- retire: return parts of a lease. Parts already returned, and unknown or
 -- reclaimed leases, are ignored, so a retried call changes nothing.

@@ -1,3 +1,4 @@
+#!lua
 -- uses: lib.lua
 -- throttle: the provider throttled a request on one domain. One
 -- multiplicative decrease per congestion event (reports inside the

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- uses: lib.lua
 -- usage: a consistent snapshot of the budget.
 --

@@ -15,17 +15,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
 	"github.com/runbudget/runbudget/lease"
-	"github.com/runbudget/runbudget/luascripts"
 )
 
 // Operator access: see and fix a live budget by name without joining it
 // (no wake subscription, no limits registered). budgetctl is built on these.
-
-var (
-	scriptInspect = redis.NewScript(luascripts.Source("inspect"))
-	scriptReset   = redis.NewScript(luascripts.Source("reset"))
-	scriptDrop    = redis.NewScript(luascripts.Source("drop"))
-)
 
 // ErrNoBudget means no budget of that name exists in this Redis (never
 // created, or expired after being idle).
@@ -38,6 +31,9 @@ const adminIdle = 5 * time.Minute
 // Admin runs operator commands on one Redis (or Cluster).
 type Admin struct {
 	client redis.UniversalClient
+
+	mu sync.Mutex
+	sc *scriptSet // probed on first use
 }
 
 // NewAdmin returns operator access through client.
@@ -48,7 +44,25 @@ func NewAdmin(client redis.UniversalClient) (*Admin, error) {
 	return &Admin{client: client}, nil
 }
 
-func (a *Admin) run(ctx context.Context, name, op string, sc *redis.Script, own ...any) ([]string, error) {
+func (a *Admin) scripts(ctx context.Context) (*scriptSet, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.sc == nil {
+		sc, err := scriptsFor(ctx, a.client)
+		if err != nil {
+			return nil, err
+		}
+		a.sc = sc
+	}
+	return a.sc, nil
+}
+
+func (a *Admin) run(ctx context.Context, name, op string, pick func(*scriptSet) *redis.Script, own ...any) ([]string, error) {
+	set, err := a.scripts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sc := pick(set)
 	args := append([]any{"PUBLISH", ms(adminIdle)}, own...)
 	if _, ok := a.client.(*redis.ClusterClient); ok {
 		args[0] = "SPUBLISH"
@@ -180,7 +194,7 @@ func (a *Admin) Inspect(ctx context.Context, name string, most int) (Inspection,
 	if most <= 0 {
 		most = 1000
 	}
-	res, err := a.run(ctx, name, "inspect", scriptInspect, most)
+	res, err := a.run(ctx, name, "inspect", func(s *scriptSet) *redis.Script { return s.inspect }, most)
 	if err != nil {
 		return Inspection{}, err
 	}
@@ -246,7 +260,7 @@ func (a *Admin) Throttle(ctx context.Context, name string, d budget.Domain, retr
 	if retryAfter < 0 {
 		return fmt.Errorf("%w: negative retry-after", budget.ErrInvalidRequest)
 	}
-	_, err := a.run(ctx, name, "throttle", scriptThrottle, encodeDomain(d), strconv.FormatInt(retryAfter.Microseconds(), 10), ms(DefaultLeaseTTL))
+	_, err := a.run(ctx, name, "throttle", func(s *scriptSet) *redis.Script { return s.throttle }, encodeDomain(d), strconv.FormatInt(retryAfter.Microseconds(), 10), ms(DefaultLeaseTTL))
 	return err
 }
 
@@ -256,7 +270,7 @@ func (a *Admin) ResetThrottle(ctx context.Context, name string, d budget.Domain)
 	if err := d.Validate(); err != nil {
 		return false, err
 	}
-	res, err := a.run(ctx, name, "reset", scriptReset, encodeDomain(d))
+	res, err := a.run(ctx, name, "reset", func(s *scriptSet) *redis.Script { return s.reset }, encodeDomain(d))
 	if err != nil {
 		return false, err
 	}
@@ -273,7 +287,11 @@ func (a *Admin) ReplaceLimits(ctx context.Context, name string, l budget.Limits)
 	if _, err := a.Inspect(ctx, name, 1); err != nil {
 		return err // only existing budgets: a typo must not create one
 	}
-	s := &Store{client: a.client, name: name, prefix: keyPrefix(name), idle: adminIdle, ttl: DefaultLeaseTTL, pubCmd: "PUBLISH"}
+	set, err := a.scripts(ctx)
+	if err != nil {
+		return err
+	}
+	s := &Store{client: a.client, sc: set, name: name, prefix: keyPrefix(name), idle: adminIdle, ttl: DefaultLeaseTTL, pubCmd: "PUBLISH"}
 	if _, ok := a.client.(*redis.ClusterClient); ok {
 		s.pubCmd = "SPUBLISH"
 	}
@@ -291,7 +309,7 @@ func (a *Admin) DropLeases(ctx context.Context, name, consumer string, all bool)
 	if all {
 		flag = 1
 	}
-	res, err := a.run(ctx, name, "drop", scriptDrop, consumer, flag)
+	res, err := a.run(ctx, name, "drop", func(s *scriptSet) *redis.Script { return s.drop }, consumer, flag)
 	if err != nil {
 		return 0, err
 	}

@@ -55,6 +55,23 @@
 //
 // # Failure
 //
+// Nothing is admitted without Redis, nor by a Redis that is out of memory:
+// on Redis 7 every script declares its flags in a shebang line, so with
+// maxmemory reached (noeviction) an admitting script is refused as a whole,
+// never half-applied, while retirements, heartbeats and cancellations
+// (flagged allow-oom) still run and free what they hold. Servers without
+// shebang support (before 7, miniredis) get the same scripts without it.
+//
+// If Redis loses the budget (restarted empty, or from a persistence file
+// that may miss the last writes, detected by its run_id), the first host to
+// notice starts a new epoch under a quarantine of one lease TTL: no grant
+// trusts the counts until every live holder has put its leases back, which
+// each does at its next heartbeat. A host that joins only after the loss
+// cannot tell it from a new budget; it may be admitted until the holders'
+// next heartbeat, which then quarantines the budget. Hosts of one budget
+// should use the same lease TTL, since the quarantine lasts one TTL of the
+// host that noticed.
+//
 // Nothing is admitted without Redis. A call that fails on the network, on
 // BUSY, OOM, LOADING or a failover returns an error wrapping
 // budget.ErrUnavailable, which the budget retries within its grace. Errors

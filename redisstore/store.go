@@ -17,18 +17,50 @@ import (
 	"github.com/runbudget/runbudget/luascripts"
 )
 
-// The scripts, built once; Run uses EVALSHA and falls back to EVAL (which
-// also reloads the script) when Redis answers NOSCRIPT.
+// scriptSet holds the budget scripts, built once; Run uses EVALSHA and falls
+// back to EVAL (which also reloads the script) when Redis answers NOSCRIPT.
+type scriptSet struct {
+	register, acquire, cancel, retire, heartbeat, throttle, usage, reassert, inspect, reset, drop *redis.Script
+}
+
+func newScriptSet(shebang bool) *scriptSet {
+	load := func(name string) *redis.Script {
+		src := luascripts.Source(name)
+		if !shebang {
+			src = luascripts.WithoutShebang(src)
+		}
+		return redis.NewScript(src)
+	}
+	return &scriptSet{
+		register: load("register"), acquire: load("acquire"), cancel: load("cancel"), retire: load("retire"),
+		heartbeat: load("heartbeat"), throttle: load("throttle"), usage: load("usage"), reassert: load("reassert"),
+		inspect: load("inspect"), reset: load("reset"), drop: load("drop"),
+	}
+}
+
 var (
-	scriptRegister  = redis.NewScript(luascripts.Source("register"))
-	scriptAcquire   = redis.NewScript(luascripts.Source("acquire"))
-	scriptCancel    = redis.NewScript(luascripts.Source("cancel"))
-	scriptRetire    = redis.NewScript(luascripts.Source("retire"))
-	scriptHeartbeat = redis.NewScript(luascripts.Source("heartbeat"))
-	scriptThrottle  = redis.NewScript(luascripts.Source("throttle"))
-	scriptUsage     = redis.NewScript(luascripts.Source("usage"))
-	scriptReassert  = redis.NewScript(luascripts.Source("reassert"))
+	// withShebang declares each script's flags: on Redis 7 a full Redis
+	// (maxmemory, noeviction) refuses an admitting script as a whole rather
+	// than at its first growing write, so nothing is admitted and nothing is
+	// half-applied, while retirements (flagged allow-oom) still free slots.
+	withShebang = newScriptSet(true)
+	// noShebang serves servers that do not parse a shebang line (Redis
+	// before 7, miniredis). There, a script that has already written goes on
+	// writing past maxmemory.
+	noShebang = newScriptSet(false)
 )
+
+// scriptsFor asks the server, once, which script set it understands.
+func scriptsFor(ctx context.Context, c redis.UniversalClient) (*scriptSet, error) {
+	err := c.Eval(ctx, "#!lua flags=no-writes\nreturn 1", nil).Err()
+	switch {
+	case err == nil:
+		return withShebang, nil
+	case strings.Contains(strings.ToLower(err.Error()), "compil"), strings.Contains(err.Error(), "syntax"):
+		return noShebang, nil
+	}
+	return nil, fmt.Errorf("redisstore: probing the server: %w: %v", budget.ErrUnavailable, err)
+}
 
 // DefaultLeaseTTL is how long a lease or waiter survives without renewal
 // when WithLeaseTTL is not given. Renewals run every third of it, so a
@@ -53,6 +85,7 @@ func WithLeaseTTL(d time.Duration) Option { return func(s *Store) { s.ttl = d } 
 // budget.WithStore(store)); the budget then owns the store and closes it.
 type Store struct {
 	client  redis.UniversalClient
+	sc      *scriptSet
 	name    string
 	prefix  string
 	keys    []string // KEYS of every script: the config hash
@@ -133,6 +166,10 @@ func New(client redis.UniversalClient, name string, opts ...Option) (*Store, err
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := checkEviction(ctx, client); err != nil {
+		return nil, err
+	}
+	var err error
+	if s.sc, err = scriptsFor(ctx, client); err != nil {
 		return nil, err
 	}
 	wakeChannel := s.prefix + "wake:" + s.channel
@@ -311,7 +348,7 @@ func (s *Store) register(ctx context.Context, l budget.Limits, replace, lost boo
 	args := s.args(string(js), strconv.FormatFloat(l.RequestsPerSecond, 'f', -1, 64), l.Burst)
 	args = append(args, caps...)
 	args = append(args, l.OpenBodies, l.MemoryBytes, flag(replace), flag(lost), ms(s.ttl), 0)
-	res, err := s.run(ctx, "register", scriptRegister, args...)
+	res, err := s.run(ctx, "register", s.sc.register, args...)
 	if err != nil {
 		return err
 	}
@@ -378,7 +415,7 @@ func (s *Store) reassert(ctx context.Context, epoch string) error {
 				args = append(args, e)
 			}
 		}
-		res, err := s.run(ctx, "reassert", scriptReassert, args...)
+		res, err := s.run(ctx, "reassert", s.sc.reassert, args...)
 		if err != nil {
 			return err
 		}
@@ -418,7 +455,7 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		args = append(args, e)
 	}
 	for range 2 {
-		res, err := s.run(ctx, "acquire", scriptAcquire, args...)
+		res, err := s.run(ctx, "acquire", s.sc.acquire, args...)
 		if err != nil {
 			return budget.Attempt{}, err
 		}
@@ -457,7 +494,7 @@ func (s *Store) Cancel(ctx context.Context, id string) error {
 	s.reasserting.RLock()
 	defer s.reasserting.RUnlock()
 	s.unwatch(id)
-	if _, err := s.run(ctx, "cancel", scriptCancel, s.args(id)...); err != nil {
+	if _, err := s.run(ctx, "cancel", s.sc.cancel, s.args(id)...); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -480,7 +517,7 @@ func (s *Store) Retire(ctx context.Context, id string, parts lease.Parts) error 
 		ctx, cancel = context.WithTimeout(ctx, lease.RetireTimeout)
 		defer cancel()
 	}
-	if _, err := s.run(ctx, "retire", scriptRetire, s.args(id, int(parts))...); err != nil {
+	if _, err := s.run(ctx, "retire", s.sc.retire, s.args(id, int(parts))...); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -524,7 +561,7 @@ func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
 			args = append(args, e)
 		}
 		args = append(args, epoch)
-		res, err := s.run(ctx, "heartbeat", scriptHeartbeat, args...)
+		res, err := s.run(ctx, "heartbeat", s.sc.heartbeat, args...)
 		if err != nil {
 			return nil, err
 		}
@@ -561,7 +598,7 @@ func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
 func (s *Store) Throttle(ctx context.Context, d budget.Domain, retryAfter time.Duration) error {
 	args := s.args(encodeDomain(d), strconv.FormatInt(retryAfter.Microseconds(), 10), ms(s.ttl))
 	for range 2 {
-		res, err := s.run(ctx, "throttle", scriptThrottle, args...)
+		res, err := s.run(ctx, "throttle", s.sc.throttle, args...)
 		if err != nil {
 			return err
 		}
@@ -578,7 +615,7 @@ func (s *Store) Throttle(ctx context.Context, d budget.Domain, retryAfter time.D
 
 // Usage implements budget.Store.
 func (s *Store) Usage(ctx context.Context) (budget.Usage, error) {
-	res, err := s.run(ctx, "usage", scriptUsage, s.args()...)
+	res, err := s.run(ctx, "usage", s.sc.usage, s.args()...)
 	if err != nil {
 		return budget.Usage{}, err
 	}

@@ -35,6 +35,13 @@ const (
 )
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(envFault); spec != "" {
+		if err := runFaultWorker(spec); err != nil {
+			fmt.Fprintln(os.Stderr, "fault worker:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv(envRole) == "worker" {
 		if err := worker(); err != nil {
 			fmt.Fprintln(os.Stderr, "worker:", err)
