@@ -296,9 +296,21 @@ func TestFault13ClusterFailover(t *testing.T) {
 	if err := replica.Client(t).Do(ctx, "CLUSTER", "FAILOVER", "FORCE").Err(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the replica became master", 20*time.Second, func() bool {
+	isMaster := func() bool {
 		return strings.Contains(replica.Client(t).Info(ctx, "replication").Val(), "role:master")
-	})
+	}
+	mode := "FORCE"
+	for start := time.Now(); !isMaster(); time.Sleep(20 * time.Millisecond) {
+		switch {
+		case time.Since(start) > 40*time.Second:
+			t.Fatal("the replica did not become master")
+		case time.Since(start) > 10*time.Second && mode == "FORCE":
+			// FORCE still needs the masters' votes, which a loaded machine
+			// can delay past the election timeout; TAKEOVER needs none.
+			mode = "TAKEOVER"
+			replica.Client(t).Do(ctx, "CLUSTER", "FAILOVER", "TAKEOVER")
+		}
+	}
 	cc.ReloadState(ctx)
 	var firstAfter time.Duration
 	waitFor(t, "a grant after the failover", 30*time.Second, func() bool {
@@ -311,8 +323,8 @@ func TestFault13ClusterFailover(t *testing.T) {
 	time.Sleep(faultL)
 	close(stop)
 	wg.Wait()
-	figure(t, "8 budgets over %d slots; after FAILOVER FORCE the first grant came %v later; %d leases lost; observer peak %d of ceiling %d (overshoot %d)",
-		len(slots), firstAfter.Round(time.Millisecond), lost.Load(), peak.Load(), ceiling, max(0, peak.Load()-ceiling))
+	figure(t, "8 budgets over %d slots; after FAILOVER %s the first grant came %v later; %d leases lost; observer peak %d of ceiling %d (overshoot %d)",
+		len(slots), mode, firstAfter.Round(time.Millisecond), lost.Load(), peak.Load(), ceiling, max(0, peak.Load()-ceiling))
 	if peak.Load() > ceiling {
 		t.Errorf("observer saw %d holders of %d slots across the failover", peak.Load(), ceiling)
 	}
