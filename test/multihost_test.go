@@ -21,6 +21,7 @@ import (
 	"github.com/runbudget/runbudget/budget"
 	"github.com/runbudget/runbudget/internal/redistest"
 	"github.com/runbudget/runbudget/redisstore"
+	"go.uber.org/goleak"
 )
 
 // Environment of a worker host.
@@ -49,7 +50,9 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	// Every scenario stops what it started: workers, referees, samplers,
+	// proxies, clients. A goroutine left over fails the package.
+	goleak.VerifyTestMain(m)
 }
 
 const (
