@@ -487,8 +487,23 @@ func TestFault15Load(t *testing.T) {
 	srv := redistest.Start(t)
 	name := "f15"
 	const slotsPer = 2 // 4 domains x 2 = 8 slots
-	ref := startReferee(t, func(string) int { return slotsPer })
-	obs := hostOn(t, srv.Client(t), name, slotsPer)
+	// Ceilings: 2 requests and 2 bodies per domain; memory for 8 buffers
+	// across the run.
+	ref := startReferee(t, func(res string) int {
+		if res == "memory" {
+			return slotsPer * 4
+		}
+		return slotsPer
+	})
+	s, err := redisstore.New(srv.Client(t), name, redisstore.WithLeaseTTL(faultL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs, err := budget.New(laneLimits(slotsPer, 4), budget.WithStore(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer obs.Close()
 	var doms []budget.Domain
 	for i := range 4 {
 		doms = append(doms, faultDomain(i))
@@ -518,7 +533,7 @@ func TestFault15Load(t *testing.T) {
 	}
 	over, overFor, starts := ref.report()
 	sover, samples := smp.overshoot()
-	figure(t, "%d processes x %d lanes, %v, 8 slots over 4 domains: %d starts, up to %d waiters; referee overshoot %d (for %v), server-side %d (%d samples); %d workers failed",
+	figure(t, "%d processes x %d lanes, %v, 8 slots over 4 domains: %d holds reported (request, body and memory of each lease, retired apart), up to %d waiters; referee overshoot %d (for %v), server-side %d (%d samples); %d workers failed",
 		procs, lanes, dur, starts, peakWaiters, over, overFor, sover, samples, failed)
 	if over > 0 || sover > 0 {
 		t.Errorf("over-admission: referee %d, server %d", over, sover)
@@ -527,6 +542,7 @@ func TestFault15Load(t *testing.T) {
 		t.Errorf("%d workers failed", failed)
 	}
 	expectZeroUsage(t, obs, 3*faultL+slack)
+	expectKeysHaveTTL(t, srv.Client(t), name)
 }
 
 // 17. Secrets: with a password in the URL and ACL credentials, every error

@@ -69,8 +69,20 @@ func decodeFaultEnv(s string) (faultEnv, error) {
 	return f, nil
 }
 
+// laneMemory is what each lane's request reserves, so that the run-global
+// memory ceiling (slots x laneMemory per domain, for the whole run) binds
+// as tightly as the per-domain ceilings.
+const laneMemory = 100
+
 func faultLimits(slots int) budget.Limits {
 	return budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: slots}}
+}
+
+// laneLimits bound everything a lane holds: its request slot and open body
+// per domain, and its buffer across the run.
+func laneLimits(slots, domains int) budget.Limits {
+	return budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: slots}, OpenBodies: slots,
+		MemoryBytes: int64(slots * max(1, domains) * laneMemory)}
 }
 
 func faultDomain(i int) budget.Domain { return budget.Domain{Version: 1, ID: "d" + strconv.Itoa(i)} }
@@ -88,7 +100,11 @@ func runFaultWorker(spec string) error {
 	if err != nil {
 		return err
 	}
-	b, err := budget.New(faultLimits(f.Slots), budget.WithStore(s), budget.WithUnavailableGrace(time.Hour))
+	lim := faultLimits(f.Slots)
+	if f.Role == "lanes" {
+		lim = laneLimits(f.Slots, f.Domains)
+	}
+	b, err := budget.New(lim, budget.WithStore(s), budget.WithUnavailableGrace(time.Hour))
 	if err != nil {
 		return err
 	}
@@ -156,26 +172,42 @@ func runLanes(b *budget.Budget, f faultEnv, out *syncWriter, stop <-chan struct{
 			}
 			defer ref.Close()
 			d := faultDomain(lane % max(1, f.Domains))
-			res := d.ID + "/get"
+			// The three parts a lease holds, each reported to the referee
+			// and retired at its own moment: the request when the call
+			// returns, the body when drained, the buffer when written.
+			parts := []struct {
+				res    string
+				retire func(*budget.Lease)
+			}{
+				{d.ID + "/get", (*budget.Lease).CompleteRequest},
+				{d.ID + "/body", (*budget.Lease).CloseBody},
+				{"memory", (*budget.Lease).ReleaseMemory},
+			}
 			for ctx.Err() == nil {
-				l, err := b.Acquire(ctx, budget.Request{Domains: []budget.Domain{d}, Class: budget.OpGet, Consumer: f.Consumer})
+				l, err := b.Acquire(ctx, budget.Request{Domains: []budget.Domain{d}, Class: budget.OpGet,
+					OpensBody: true, MemoryBytes: laneMemory, Consumer: f.Consumer})
 				if err != nil {
 					if ctx.Err() == nil {
 						errs <- err
 					}
 					return
 				}
-				if err := ref.start(res); err != nil {
-					errs <- err
-					return
+				for _, p := range parts {
+					if err := ref.start(p.res); err != nil {
+						errs <- err
+						return
+					}
 				}
-				select {
-				case <-l.Lost():
-				case <-time.After(f.Hold):
-				}
-				if err := ref.end(res); err != nil {
-					errs <- err
-					return
+				for _, p := range parts {
+					select {
+					case <-l.Lost():
+					case <-time.After(f.Hold):
+					}
+					if err := ref.end(p.res); err != nil {
+						errs <- err
+						return
+					}
+					p.retire(l)
 				}
 				select {
 				case <-l.Lost():
