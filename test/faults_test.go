@@ -119,18 +119,26 @@ func waitWorker(t *testing.T, srv *redistest.Server, name, consumer string) *pro
 	return startWorker(t, faultEnv{Role: "wait", Redis: srv.Addr(), Name: name, TTL: faultL, Slots: 1, Consumer: consumer})
 }
 
+// holderAndWaiter starts a worker holding the only slot of budget name and
+// a second one queued behind it, and returns them with an observing host.
+func holderAndWaiter(t *testing.T, srv *redistest.Server, name string) (obs *budget.Budget, holder, waiter *proc) {
+	t.Helper()
+	obs = hostOn(t, srv.Client(t), name, 1)
+	holder = holdWorker(t, srv, name, "holder")
+	if _, err := holder.expect("HELD", 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waiter = waitWorker(t, srv, name, "waiter")
+	waitFor(t, "waiter queued", 20*time.Second, func() bool { return waitersOf(t, obs) == 1 })
+	return obs, holder, waiter
+}
+
 // 1. Holder kill -9: the next waiter is granted within L + H.
 func TestFault01KillHolder(t *testing.T) {
 	schedule(t)
 	srv := redistest.Start(t)
 	name := "f01"
-	obs := hostOn(t, srv.Client(t), name, 1)
-	holder := holdWorker(t, srv, name, "holder")
-	if _, err := holder.expect("HELD", 20*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	waiter := waitWorker(t, srv, name, "waiter")
-	waitFor(t, "waiter queued", 20*time.Second, func() bool { return waitersOf(t, obs) == 1 })
+	obs, holder, waiter := holderAndWaiter(t, srv, name)
 	smp := startSampler(t, srv.Client(t), name, []budget.Domain{faultDomain(0)}, 1)
 	killed := time.Now()
 	holder.kill9()
@@ -159,13 +167,7 @@ func TestFault02PauseHolder(t *testing.T) {
 	schedule(t)
 	srv := redistest.Start(t)
 	name := "f02"
-	obs := hostOn(t, srv.Client(t), name, 1)
-	holder := holdWorker(t, srv, name, "holder")
-	if _, err := holder.expect("HELD", 20*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	waiter := waitWorker(t, srv, name, "waiter")
-	waitFor(t, "waiter queued", 20*time.Second, func() bool { return waitersOf(t, obs) == 1 })
+	obs, holder, waiter := holderAndWaiter(t, srv, name)
 	smp := startSampler(t, srv.Client(t), name, []budget.Domain{faultDomain(0)}, 1)
 	paused := time.Now()
 	holder.signal(syscall.SIGSTOP)

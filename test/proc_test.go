@@ -184,6 +184,10 @@ func runLanes(b *budget.Budget, f faultEnv, out *syncWriter, stop <-chan struct{
 				{"memory", (*budget.Lease).ReleaseMemory},
 			}
 			for ctx.Err() == nil {
+				if err := ref.arrive(); err != nil {
+					errs <- err
+					return
+				}
 				l, err := b.Acquire(ctx, budget.Request{Domains: []budget.Domain{d}, Class: budget.OpGet,
 					OpensBody: true, MemoryBytes: laneMemory, Consumer: f.Consumer})
 				if err != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -31,6 +32,15 @@ type referee struct {
 	overSince map[string]time.Time
 	overFor   time.Duration
 	starts    int
+	arrived   map[string]time.Time // lane -> arrival of its current request
+	grants    []grant              // one per first start after an arrival
+}
+
+// grant is one request as the referee saw it: when its lane said it was
+// about to ask, and when it said it had been granted.
+type grant struct {
+	lane          string
+	arrive, start time.Time
 }
 
 func startReferee(t testing.TB, ceiling func(res string) int) *referee {
@@ -39,7 +49,8 @@ func startReferee(t testing.TB, ceiling func(res string) int) *referee {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &referee{ln: ln, ceiling: ceiling, held: map[string]int{}, peak: map[string]int{}, overSince: map[string]time.Time{}}
+	r := &referee{ln: ln, ceiling: ceiling, held: map[string]int{}, peak: map[string]int{}, overSince: map[string]time.Time{},
+		arrived: map[string]time.Time{}}
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
@@ -66,12 +77,21 @@ func (r *referee) close() {
 func (r *referee) serve(c net.Conn) {
 	defer c.Close()
 	sc := bufio.NewScanner(c)
+	lane := ""
 	for sc.Scan() {
 		op, res, _ := strings.Cut(sc.Text(), " ")
 		now := time.Now()
 		r.mu.Lock()
 		switch op {
+		case "L": // the lane names itself
+			lane = res
+		case "A": // about to call Acquire
+			r.arrived[lane] = now
 		case "S":
+			if at, ok := r.arrived[lane]; ok {
+				r.grants = append(r.grants, grant{lane: lane, arrive: at, start: now})
+				delete(r.arrived, lane)
+			}
 			r.starts++
 			r.held[res]++
 			r.peak[res] = max(r.peak[res], r.held[res])
@@ -94,6 +114,13 @@ func (r *referee) serve(c net.Conn) {
 	}
 }
 
+// peakOf is the most holders of res the referee saw at once.
+func (r *referee) peakOf(res string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.peak[res]
+}
+
 // report returns the effective overshoot (largest count above a ceiling),
 // how long any resource spent above its ceiling, and the number of starts.
 func (r *referee) report() (overshoot int, over time.Duration, starts int) {
@@ -105,18 +132,43 @@ func (r *referee) report() (overshoot int, over time.Duration, starts int) {
 	return overshoot, r.overFor, r.starts
 }
 
+// inversions counts pairs granted against arrival order, where the earlier
+// arrival came more than tol before the later one. Arrivals are reported
+// just before Acquire is called, so two within a few milliseconds may reach
+// Redis in either order; beyond a tolerance, order must hold.
+func (r *referee) inversions(tol time.Duration) int {
+	r.mu.Lock()
+	gs := slices.Clone(r.grants)
+	r.mu.Unlock()
+	slices.SortFunc(gs, func(a, b grant) int { return a.arrive.Compare(b.arrive) })
+	n := 0
+	for i := range gs {
+		for j := i + 1; j < len(gs); j++ {
+			if gs[j].arrive.Sub(gs[i].arrive) > tol && gs[j].start.Before(gs[i].start) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // refClient is a lane's connection to the referee.
 type refClient struct {
 	c net.Conn
 	r *bufio.Reader
 }
 
-func dialReferee(addr, _ string) (*refClient, error) {
+func dialReferee(addr, lane string) (*refClient, error) {
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	return &refClient{c: c, r: bufio.NewReader(c)}, nil
+	rc := &refClient{c: c, r: bufio.NewReader(c)}
+	if err := rc.send("L", lane); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return rc, nil
 }
 
 func (rc *refClient) send(op, res string) error {
@@ -127,6 +179,7 @@ func (rc *refClient) send(op, res string) error {
 	return err
 }
 
+func (rc *refClient) arrive() error          { return rc.send("A", "") }
 func (rc *refClient) start(res string) error { return rc.send("S", res) }
 func (rc *refClient) end(res string) error   { return rc.send("E", res) }
 func (rc *refClient) Close() error           { return rc.c.Close() }
