@@ -1,0 +1,254 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/runbudget/runbudget/budget"
+)
+
+const (
+	hosts = 4 // worker processes for P3, P4 and P8
+	slots = 8 // in-flight slots of the contended budgets
+)
+
+// windowResult is what a crew did in one measured window.
+type windowResult struct {
+	done    int64         // admissions (or no-op calls) inside the window
+	elapsed time.Duration // length of the window
+	delta   statsDelta    // commandstats over the window, our own probes taken out
+	depth   float64       // median number of waiters seen during the window
+	busy    float64       // median number of leases held (slots in use)
+	cpu     float64       // redis-server's CPU time over the window, % of one core
+}
+
+func (w windowResult) rate() float64 { return float64(w.done) / w.elapsed.Seconds() }
+
+func (w windowResult) per(cmd string) float64 { return float64(w.delta[cmd].Calls) / float64(w.done) }
+
+// scriptBusy is the share of the window Redis spent running scripts, in %:
+// with one Redis thread, how close the scripts came to saturating it.
+func (w windowResult) scriptBusy() float64 {
+	return 100 * float64(w.delta.scripts().Usec) / float64(w.elapsed.Microseconds())
+}
+
+// window runs total lanes spread over the crew, lets them settle, then
+// counts what they do for one window. prefix, when set, is the key prefix
+// of the crew's budget: the sizes of its waiter and lease sets are sampled
+// during the window (ZCARD, whose calls are then taken out of the counts),
+// and before the window opens the waiters are awaited until there are
+// wantDepth of them.
+func (e *env) window(ctx context.Context, c crew, total int, prefix string, wantDepth int) (windowResult, error) {
+	waiters, leases := prefix+"wexp", prefix+"lexp"
+	var res windowResult
+	for i, w := range c {
+		lanes := total / len(c)
+		if i < total%len(c) {
+			lanes++
+		}
+		if err := w.send(msg{Op: "go", Lanes: lanes}); err != nil {
+			return res, err
+		}
+	}
+	for _, w := range c {
+		if _, err := w.recv(ctx); err != nil {
+			return res, err
+		}
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			c.each(context.WithoutCancel(ctx), msg{Op: "stop"})
+		}
+	}()
+	if prefix != "" && wantDepth > 0 {
+		if err := until(ctx, func() (bool, error) {
+			n, err := e.admin.ZCard(ctx, waiters).Result()
+			return n >= int64(wantDepth*9/10), err
+		}); err != nil {
+			return res, fmt.Errorf("queue never reached %d waiters: %w", wantDepth, err)
+		}
+	}
+	time.Sleep(e.sz.warm)
+	cpu0, err := redisCPU(ctx, e.admin)
+	if err != nil {
+		return res, err
+	}
+	s0, err := commandStats(ctx, e.admin)
+	if err != nil {
+		return res, err
+	}
+	m0, err := c.each(ctx, msg{Op: "mark"})
+	if err != nil {
+		return res, err
+	}
+	t0 := time.Now()
+	var depths, busy []float64
+	if prefix != "" {
+		tick := time.NewTicker(e.sz.window / 20)
+		for end := t0.Add(e.sz.window); time.Now().Before(end); {
+			<-tick.C
+			w, err := e.admin.ZCard(ctx, waiters).Result()
+			if err != nil {
+				tick.Stop()
+				return res, err
+			}
+			l, err := e.admin.ZCard(ctx, leases).Result()
+			if err != nil {
+				tick.Stop()
+				return res, err
+			}
+			depths, busy = append(depths, float64(w)), append(busy, float64(l))
+		}
+		tick.Stop()
+	} else {
+		time.Sleep(e.sz.window)
+	}
+	m1, err := c.each(ctx, msg{Op: "mark"})
+	if err != nil {
+		return res, err
+	}
+	t1 := time.Now()
+	s1, err := commandStats(ctx, e.admin)
+	if err != nil {
+		return res, err
+	}
+	cpu1, err := redisCPU(ctx, e.admin)
+	if err != nil {
+		return res, err
+	}
+	stopped = true
+	if _, err := c.each(ctx, msg{Op: "stop"}); err != nil {
+		return res, err
+	}
+	res.done = count(m1) - count(m0)
+	res.elapsed = t1.Sub(t0)
+	res.delta = s1.since(s0)
+	if z, ok := res.delta["zcard"]; ok {
+		z.Calls -= int64(len(depths) + len(busy))
+		res.delta["zcard"] = z
+	}
+	res.depth, res.busy = median(depths), median(busy)
+	res.cpu = 100 * (cpu1 - cpu0) / res.elapsed.Seconds()
+	if res.done == 0 {
+		return res, fmt.Errorf("nothing was admitted in %v", res.elapsed)
+	}
+	return res, nil
+}
+
+// p3p4: 64 lanes over 4 processes on 8 slots (P3), then deep queues (P4).
+// The floor for P3 is the same 64 lanes over 4 processes running a no-op
+// script as fast as they can.
+func p3p4(ctx context.Context, e *env) error {
+	noop, err := startCrew(ctx, hosts, "noop", workerSpec{Role: "lanes", Redis: e.url, Noop: true})
+	if err != nil {
+		return err
+	}
+	defer noop.close()
+	name := e.name("p3")
+	lim := budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: slots}}
+	lanes, err := startCrew(ctx, hosts, "host", workerSpec{Role: "lanes", Redis: e.url, Budget: name, Limits: lim,
+		Domain: "a", LeaseTTL: 15 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer lanes.close()
+	prefix := "rb:{" + fmt.Sprintf("%x", name) + "}:"
+
+	s := "P3 throughput, 64 lanes over 4 processes, 8 slots"
+	fNoop := e.figure(sectionFloors, "floor.evalsha.4x16", "no-op EVALSHA, 64 lanes over 4 processes", "ops/s", false)
+	fNoopCPU := e.figure(sectionFloors, "floor.evalsha.4x16.cpu", "no-op EVALSHA, 64 lanes over 4 processes: redis-server CPU", "%", false)
+	fRate := e.figure(s, "p3.rate", "admissions per second", "ops/s", false)
+	fTrips := e.figure(s, "p3.scripts", "script calls per admission", "calls", false)
+	fBusy := e.figure(s, "p3.busy", "slots in use (leases held, sampled)", "slots", false)
+	fDepth := e.figure(s, "p3.depth", "waiters in line (sampled)", "waiters", false)
+	fScriptTime := e.figure(s, "p3.scripttime", "Redis time in scripts (commandstats usec)", "%", false)
+	fCPU := e.figure(s, "p3.cpu", "redis-server CPU (INFO cpu)", "%", false)
+	err = e.rounds(ctx,
+		func(ctx context.Context) error {
+			w, err := e.window(ctx, noop, 64, "", 0)
+			if err != nil {
+				return fmt.Errorf("no-op lanes: %w", err)
+			}
+			fNoop.add(Round{V: w.rate(), N: int(w.done)})
+			fNoopCPU.add(Round{V: w.cpu})
+			return nil
+		},
+		func(ctx context.Context) error {
+			w, err := e.window(ctx, lanes, 64, prefix, 0)
+			if err != nil {
+				return fmt.Errorf("budget lanes: %w", err)
+			}
+			fBusy.add(Round{V: w.busy})
+			fDepth.add(Round{V: w.depth})
+			fScriptTime.add(Round{V: w.scriptBusy()})
+			fCPU.add(Round{V: w.cpu})
+			fRate.add(Round{V: w.rate(), N: int(w.done)})
+			fTrips.add(Round{V: float64(w.delta.scripts().Calls) / float64(w.done)})
+			return nil
+		},
+	)
+	if err != nil {
+		return err
+	}
+	// Target: admissions/s >= 60% of what the no-op rate allows at this
+	// many round trips per admission, all three from the same round.
+	var vs []float64
+	for i := range min(len(fRate.Rounds), len(fNoop.Rounds), len(fTrips.Rounds)) {
+		vs = append(vs, fRate.Rounds[i].V/(fNoop.Rounds[i].V/fTrips.Rounds[i].V))
+	}
+	e.target(perRound("P3", "admissions/s / (no-op EVALSHA/s / script calls per admission), 4 processes x 16 lanes", "x", ">=", 0.6, vs))
+
+	// P4: the cost per admission as the queue deepens. Each depth d runs
+	// d+8 lanes on the 8 slots, so that at least d wait whatever the slots
+	// do; the waiters actually in line are sampled and shown.
+	s = "P4 cost per admission with queued waiters (8 slots, 4 processes)"
+	type depthFigs struct{ scripts, cmds, pubs, depth, busy, rate *Figure }
+	figs := map[int]*depthFigs{}
+	var steps []func(context.Context) error
+	for _, d := range e.sz.depths {
+		f := &depthFigs{
+			scripts: e.figure(s, fmt.Sprintf("p4.scripts.w%d", d), fmt.Sprintf("script calls per admission, %d+8 lanes", d), "calls", false),
+			cmds:    e.figure(s, fmt.Sprintf("p4.cmds.w%d", d), fmt.Sprintf("Redis commands per admission (inside scripts too), %d+8 lanes", d), "cmds", false),
+			pubs:    e.figure(s, fmt.Sprintf("p4.pubs.w%d", d), fmt.Sprintf("wake messages per admission, %d+8 lanes", d), "msgs", false),
+			depth:   e.figure(s, fmt.Sprintf("p4.depth.w%d", d), fmt.Sprintf("waiters in line (sampled), %d+8 lanes", d), "waiters", false),
+			busy:    e.figure(s, fmt.Sprintf("p4.busy.w%d", d), fmt.Sprintf("slots in use (leases held, sampled), %d+8 lanes", d), "slots", false),
+			rate:    e.figure(s, fmt.Sprintf("p4.rate.w%d", d), fmt.Sprintf("admissions per second, %d+8 lanes", d), "ops/s", false),
+		}
+		figs[d] = f
+		steps = append(steps, func(ctx context.Context) error {
+			w, err := e.window(ctx, lanes, d+slots, prefix, d)
+			if err != nil {
+				return fmt.Errorf("%d waiters: %w", d, err)
+			}
+			f.scripts.add(Round{V: float64(w.delta.scripts().Calls) / float64(w.done), N: int(w.done)})
+			f.cmds.add(Round{V: float64(w.delta.total()) / float64(w.done)})
+			f.pubs.add(Round{V: w.per("publish")})
+			f.depth.add(Round{V: w.depth})
+			f.busy.add(Round{V: w.busy})
+			f.rate.add(Round{V: w.rate()})
+			return nil
+		})
+	}
+	if err := e.rounds(ctx, steps...); err != nil {
+		return err
+	}
+	var worst, flatScripts, flatCmds []float64
+	for r := range e.sz.rounds {
+		var sc, cm []float64
+		for _, d := range e.sz.depths {
+			sc = append(sc, figs[d].scripts.Rounds[r].V)
+			cm = append(cm, figs[d].cmds.Rounds[r].V)
+		}
+		worst = append(worst, slices.Max(sc))
+		flatScripts = append(flatScripts, slices.Max(sc)/slices.Min(sc))
+		flatCmds = append(flatCmds, slices.Max(cm)/slices.Min(cm))
+	}
+	ds := fmt.Sprint(e.sz.depths)
+	e.target(perRound("P4a", "script calls per admission, worst of "+ds+" (+8) lanes", "", "<=", 4, worst))
+	e.target(perRound("P4b", "flat: script calls per admission, most / least over "+ds+" (+8) lanes", "x", "<=", 1.25, flatScripts))
+	e.target(perRound("P4c", "flat: Redis commands per admission, most / least over "+ds+" (+8) lanes", "x", "<=", 1.25, flatCmds))
+	return nil
+}

@@ -1,0 +1,337 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/redisstore"
+)
+
+// workerSpec is what a worker process is started with.
+type workerSpec struct {
+	// Role is what the worker does:
+	//   "pubsub"  subscribes to Key and answers each message with the moment
+	//             it arrived (the bare pub/sub wake floor);
+	//   "blpop"   on "arm", blocks in BLPOP on Key and answers with the
+	//             moment it returned (the bare BLPOP wake floor);
+	//   "waiter"  on "arm", blocks in Acquire on Budget and answers with the
+	//             moment it was admitted, after releasing (P2);
+	//   "lanes"   runs lanes that Acquire and Release in a loop, or run a
+	//             no-op script when Noop is set, until "stop" (P3, P4, P8).
+	Role     string        `json:"role"`
+	Host     string        `json:"host"`
+	Redis    string        `json:"redis"` // a redis:// URL
+	Key      string        `json:"key,omitempty"`
+	Budget   string        `json:"budget,omitempty"`
+	Limits   budget.Limits `json:"limits"`
+	LeaseTTL time.Duration `json:"lease_ttl,omitempty"`
+	Domain   string        `json:"domain,omitempty"`
+	Noop     bool          `json:"noop,omitempty"`
+}
+
+func isWorker() bool { return os.Getenv(envWorker) != "" }
+
+// workerMain runs a worker to the end and returns its exit code. Replies go
+// to stdout as JSON lines; orders come on stdin, and its end means exit.
+func workerMain() int {
+	var spec workerSpec
+	if err := json.Unmarshal([]byte(os.Getenv(envWorker)), &spec); err != nil {
+		fmt.Fprintln(os.Stderr, "worker: bad spec:", err)
+		return 2
+	}
+	w := &child{spec: spec, out: json.NewEncoder(os.Stdout), in: bufio.NewScanner(os.Stdin)}
+	if err := w.run(); err != nil {
+		w.reply(msg{Err: err.Error()})
+		return 1
+	}
+	return 0
+}
+
+type child struct {
+	spec workerSpec
+	mu   sync.Mutex
+	out  *json.Encoder
+	in   *bufio.Scanner
+}
+
+func (w *child) reply(m msg) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.out.Encode(m)
+}
+
+// next returns the next order, or false at the end of stdin.
+func (w *child) next() (msg, bool) {
+	for w.in.Scan() {
+		var m msg
+		if json.Unmarshal(w.in.Bytes(), &m) == nil {
+			return m, true
+		}
+	}
+	return msg{}, false
+}
+
+func (w *child) client(pool int) (*redis.Client, error) {
+	opts, err := redis.ParseURL(w.spec.Redis)
+	if err != nil {
+		return nil, err
+	}
+	opts.ContextTimeoutEnabled = true
+	opts.PoolSize = pool
+	return redis.NewClient(opts), nil
+}
+
+func (w *child) budget(c *redis.Client) (*budget.Budget, error) {
+	var opts []redisstore.Option
+	if w.spec.LeaseTTL > 0 {
+		opts = append(opts, redisstore.WithLeaseTTL(w.spec.LeaseTTL))
+	}
+	s, err := redisstore.New(c, w.spec.Budget, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return budget.New(w.spec.Limits, budget.WithStore(s))
+}
+
+func (w *child) run() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, err := w.client(64)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	switch w.spec.Role {
+	case "pubsub":
+		return w.pubsub(ctx, cancel, c)
+	case "blpop":
+		return w.blpop(ctx, c)
+	case "waiter":
+		return w.waiter(ctx, c)
+	case "lanes":
+		return w.lanes(ctx, c)
+	}
+	return fmt.Errorf("unknown role %q", w.spec.Role)
+}
+
+func (w *child) pubsub(ctx context.Context, cancel context.CancelFunc, c *redis.Client) error {
+	sub := c.Subscribe(ctx, w.spec.Key)
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		return err
+	}
+	w.reply(msg{Ready: true})
+	go func() {
+		for _, ok := w.next(); ok; _, ok = w.next() {
+		}
+		// The end of stdin: stop. A blocked read does not watch ctx, but it
+		// returns when the connection closes.
+		cancel()
+		sub.Close()
+	}()
+	for {
+		// ReceiveMessage, not Channel: the barest way to hear a message,
+		// so the floor has no hop the mechanism does not need.
+		if _, err := sub.ReceiveMessage(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		w.reply(msg{T: time.Now().UnixNano()})
+	}
+}
+
+func (w *child) blpop(ctx context.Context, c *redis.Client) error {
+	w.reply(msg{Ready: true})
+	for m, ok := w.next(); ok; m, ok = w.next() {
+		if m.Op != "arm" {
+			continue
+		}
+		if err := c.BLPop(ctx, 0, w.spec.Key).Err(); err != nil {
+			return err
+		}
+		w.reply(msg{T: time.Now().UnixNano()})
+	}
+	return nil
+}
+
+// lastSent is a go-redis hook that remembers when the client last sent a
+// command: for the waiter, the call it makes once woken.
+type lastSent struct{ t atomic.Int64 }
+
+func (h *lastSent) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *lastSent) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *lastSent) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.t.Store(time.Now().UnixNano())
+		return next(ctx, cmd)
+	}
+}
+
+func (w *child) waiter(ctx context.Context, c *redis.Client) error {
+	sent := &lastSent{}
+	c.AddHook(sent)
+	b, err := w.budget(c)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	req := budget.Request{Domains: []budget.Domain{{Version: 1, ID: w.spec.Domain}}, Class: budget.OpGet, Consumer: w.spec.Host}
+	w.reply(msg{Ready: true})
+	for m, ok := w.next(); ok; m, ok = w.next() {
+		if m.Op != "arm" {
+			continue
+		}
+		l, err := b.Acquire(ctx, req)
+		if err != nil {
+			return err
+		}
+		t := time.Now().UnixNano()
+		woke := sent.t.Load()
+		l.Release()
+		w.reply(msg{T: t, W: woke})
+	}
+	return nil
+}
+
+// lanes runs lanes between "go" and "stop", counting what they complete;
+// "mark" reports the count so far, so the parent can cut a window out of
+// a steady run.
+func (w *child) lanes(ctx context.Context, c *redis.Client) error {
+	var (
+		b    *budget.Budget
+		noop *redis.Script
+		err  error
+	)
+	if w.spec.Noop {
+		noop = redis.NewScript(noopScript)
+		if err := noop.Load(ctx, c).Err(); err != nil {
+			return err
+		}
+	} else {
+		if b, err = w.budget(c); err != nil {
+			return err
+		}
+		defer b.Close()
+	}
+	req := budget.Request{Domains: []budget.Domain{{Version: 1, ID: w.spec.Domain}}, Class: budget.OpGet, Consumer: w.spec.Host}
+	w.reply(msg{Ready: true})
+
+	var (
+		n        atomic.Int64
+		mu       sync.Mutex
+		firstErr error
+		kept     []*budget.Lease
+		times    []int64
+		wg       sync.WaitGroup
+		cur      = struct{ stop context.CancelFunc }{func() {}}
+	)
+	fail := func(err error) {
+		mu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		mu.Unlock()
+	}
+	status := func() msg {
+		mu.Lock()
+		defer mu.Unlock()
+		m := msg{N: n.Load()}
+		if firstErr != nil {
+			m.Err = firstErr.Error()
+		}
+		return m
+	}
+	defer func() { cur.stop(); wg.Wait() }()
+	for m, ok := w.next(); ok; m, ok = w.next() {
+		switch m.Op {
+		case "go":
+			cur.stop() // a "go" while running replaces the run
+			wg.Wait()
+			var run context.Context
+			run, cur.stop = context.WithCancel(ctx)
+			n.Store(0)
+			for range m.Lanes {
+				wg.Go(func() {
+					for run.Err() == nil {
+						if noop != nil {
+							if err := noop.EvalSha(run, c, nil).Err(); err != nil {
+								if run.Err() == nil {
+									fail(err)
+								}
+								return
+							}
+							n.Add(1)
+							continue
+						}
+						l, err := b.Acquire(run, req)
+						if err != nil {
+							if !errors.Is(err, context.Canceled) {
+								fail(err)
+							}
+							return
+						}
+						n.Add(1)
+						if m.Keep {
+							t := time.Now().UnixNano()
+							mu.Lock()
+							kept, times = append(kept, l), append(times, t)
+							mu.Unlock()
+						} else {
+							l.Release()
+						}
+					}
+				})
+			}
+			w.reply(msg{})
+		case "mark":
+			w.reply(status())
+		case "stop":
+			cur.stop()
+			wg.Wait()
+			m := status()
+			mu.Lock()
+			m.Times, times = times, nil
+			mu.Unlock()
+			w.reply(m)
+		case "release":
+			mu.Lock()
+			ls := kept
+			kept = nil
+			mu.Unlock()
+			releaseAll(ls)
+			w.reply(msg{})
+		}
+	}
+	return nil
+}
+
+// releaseAll releases leases from a few goroutines at once.
+func releaseAll(ls []*budget.Lease) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for i := next.Add(1) - 1; i < int64(len(ls)); i = next.Add(1) - 1 {
+				ls[i].Release()
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// noopScript is the cheapest script there is: EVALSHA's own floor.
+const noopScript = "return 1"
