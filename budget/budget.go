@@ -225,7 +225,7 @@ func (b *Budget) Acquire(ctx context.Context, req Request) (*Lease, error) {
 			}
 			l := lease.New(id, nreq.Parts(), b.store)
 			if b.keeper != nil {
-				b.keeper.Track(l, sent)
+				b.keeper.Track(l, sent.Add(-att.GrantedAgo))
 			}
 			return l, nil
 		}

@@ -36,7 +36,15 @@ type memStore struct {
 	// more tokens than it had.
 	draining map[*domainState]struct{}
 	ops      uint // calls, to sweep only every sweepEvery of them
+	// cands are waiters that may be able to move after the current call's
+	// changes (new heads, heads where something came free, the first of the
+	// memory line); flush grants them on the spot (a handoff) or wakes them.
+	cands []*waiter
 }
+
+// handoffMax bounds the grants one call makes on others' behalf, like the
+// scripts' HANDOFF: a release fills free slots, not an unbounded chain.
+const handoffMax = 32
 
 // sweepEvery spaces out sweeps: a domain stays idle for seconds before it
 // can go, so looking on every call would only burn time on the hot path.
@@ -64,17 +72,17 @@ type domainState struct {
 }
 
 type waiter struct {
-	id          string
-	ticket      uint64
-	req         Request
-	doms        []*domainState
-	elems       []*list.Element // this waiter's element in each domain queue
-	wake        chan struct{}
-	slotBlocked bool // its last attempt, as head, found a slot or body taken
-	inMemQ      bool
+	id     string
+	ticket uint64
+	req    Request
+	doms   []*domainState
+	elems  []*list.Element // this waiter's element in each domain queue
+	wake   chan struct{}
+	inMemQ bool
 }
 
 type memLease struct {
+	at    time.Time // when granted
 	doms  []*domainState
 	one   [1]*domainState // doms for a single-domain request, without a second allocation
 	class int
@@ -112,12 +120,14 @@ func (s *memStore) Close() error            { return nil }
 func (s *memStore) TryAcquire(_ context.Context, id string, req Request) (Attempt, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.leases[id]; ok {
-		return Attempt{Outcome: Granted}, nil // a repeated call after a grant
+	if l, ok := s.leases[id]; ok {
+		// A repeated call, or a handoff made by another call.
+		return Attempt{Outcome: Granted, GrantedAgo: max(0, s.now().Sub(l.at))}, nil
 	}
 	if s.limits.MemoryBytes > 0 && req.MemoryBytes > s.limits.MemoryBytes {
 		if w := s.waiters[id]; w != nil {
 			s.removeWaiter(w)
+			s.flush(s.now())
 		}
 		return Attempt{}, fmt.Errorf("%w: %d bytes of memory asked, the run's ceiling is %d",
 			ErrNeverAdmissible, req.MemoryBytes, s.limits.MemoryBytes)
@@ -154,7 +164,9 @@ func (s *memStore) TryAcquire(_ context.Context, id string, req Request) (Attemp
 		}
 		s.waiters[id] = w
 	}
-	return s.attempt(w, now), nil
+	att := s.attempt(w, now)
+	s.flush(now)
+	return att, nil
 }
 
 // attempt decides for a queued waiter. Lock held.
@@ -165,7 +177,6 @@ func (s *memStore) attempt(w *waiter, now time.Time) Attempt {
 		}
 	}
 	slot, mem, wait := s.check(w.doms, w.req, now, w.ticket)
-	w.slotBlocked = slot
 	if mem {
 		s.memQAdd(w)
 	} else {
@@ -235,17 +246,18 @@ func (s *memStore) grant(id string, l *memLease, doms []*domainState, req Reques
 		delete(s.draining, ds)
 	}
 	s.memHeld += req.MemoryBytes
-	l.doms, l.class, l.mem, l.held = doms, class, req.MemoryBytes, req.Parts()
+	l.at, l.doms, l.class, l.mem, l.held = now, doms, class, req.MemoryBytes, req.Parts()
 	s.leases[id] = l
 }
 
-// removeWaiter takes w out of every queue and wakes whoever now heads them.
+// removeWaiter takes w out of every queue; whoever now heads them is a
+// candidate.
 func (s *memStore) removeWaiter(w *waiter) {
 	for i, ds := range w.doms {
 		head := ds.queue.Front() == w.elems[i]
 		ds.queue.Remove(w.elems[i])
 		if next := ds.queue.Front(); head && next != nil {
-			wake(next.Value.(*waiter))
+			s.cands = append(s.cands, next.Value.(*waiter))
 		}
 		s.maybeIdle(ds)
 	}
@@ -280,8 +292,59 @@ func (s *memStore) memQRemove(w *waiter) {
 	s.memQ = slices.Delete(s.memQ, i, i+1)
 	w.inMemQ = false
 	if i == 0 && len(s.memQ) > 0 {
-		wake(s.memQ[0])
+		s.cands = append(s.cands, s.memQ[0])
 	}
+}
+
+// flush hands what the current call freed to the candidates: each that
+// heads all its queues and fits is granted here and now and woken (its
+// next TryAcquire finds the lease); one held back by time is woken to learn
+// how long to sleep; one held back by a ceiling or memory sleeps on, since
+// the release that frees it will try it again. Lock held.
+func (s *memStore) flush(now time.Time) {
+	granted := 0
+	for i := 0; i < len(s.cands); i++ {
+		w := s.cands[i]
+		if s.waiters[w.id] != w {
+			continue // already granted or gone
+		}
+		if granted >= handoffMax {
+			wake(w) // past the bound: let it call for itself
+			continue
+		}
+		switch s.tryGrant(w, now) {
+		case "granted":
+			granted++
+		case "wait":
+			wake(w)
+		}
+	}
+	clear(s.cands)
+	s.cands = s.cands[:0]
+}
+
+// tryGrant mirrors the scripts' try_grant: "granted", "wait" (rate or
+// pause), "blocked" (a ceiling or memory), or "no" (not a head).
+func (s *memStore) tryGrant(w *waiter, now time.Time) string {
+	for i, ds := range w.doms {
+		if ds.queue.Front() != w.elems[i] {
+			return "no"
+		}
+	}
+	slot, mem, wait := s.check(w.doms, w.req, now, w.ticket)
+	if mem {
+		s.memQAdd(w)
+	}
+	switch {
+	case slot || mem:
+		return "blocked"
+	case wait > 0:
+		return "wait"
+	}
+	s.grant(w.id, &memLease{}, w.doms, w.req, now)
+	s.removeWaiter(w)
+	wake(w)
+	return "granted"
 }
 
 func wake(w *waiter) {
@@ -300,6 +363,9 @@ func (s *memStore) Cancel(_ context.Context, id string) error {
 	if l := s.leases[id]; l != nil {
 		s.retire(id, l, lease.All)
 	}
+	if len(s.cands) > 0 {
+		s.flush(s.now())
+	}
 	return nil
 }
 
@@ -309,12 +375,14 @@ func (s *memStore) Retire(_ context.Context, id string, parts lease.Parts) error
 	if l := s.leases[id]; l != nil {
 		s.retire(id, l, parts)
 	}
+	if len(s.cands) > 0 {
+		s.flush(s.now())
+	}
 	return nil
 }
 
-// retire returns parts of l, and wakes the heads that were waiting for what
-// came free (a slot wakes slot-blocked heads, memory the oldest memory
-// waiter). Lock held.
+// retire returns parts of l; the heads of its queues and the first of the
+// memory line become candidates for what came free. Lock held.
 func (s *memStore) retire(id string, l *memLease, parts lease.Parts) {
 	parts &= l.held
 	if parts == 0 {
@@ -330,9 +398,7 @@ func (s *memStore) retire(id string, l *memLease, parts lease.Parts) {
 				ds.bodies--
 			}
 			if f := ds.queue.Front(); f != nil {
-				if h := f.Value.(*waiter); h.slotBlocked {
-					wake(h)
-				}
+				s.cands = append(s.cands, f.Value.(*waiter))
 			}
 			s.maybeIdle(ds)
 		}
@@ -340,7 +406,7 @@ func (s *memStore) retire(id string, l *memLease, parts lease.Parts) {
 	if parts&lease.Memory != 0 {
 		s.memHeld -= l.mem
 		if len(s.memQ) > 0 {
-			wake(s.memQ[0])
+			s.cands = append(s.cands, s.memQ[0])
 		}
 	}
 	if l.held == 0 {

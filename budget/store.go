@@ -90,7 +90,13 @@ type Attempt struct {
 	// store's clock (for Redis, its TIME), so client clocks never matter.
 	Wait time.Duration
 	// Wake, for Queued and Delayed, receives a value when the waiter may be
-	// able to move. It may be signalled spuriously; the waiter then simply
-	// tries again. It stays valid until the id is granted or cancelled.
+	// able to move, or was granted by another call's handoff (its next
+	// TryAcquire then returns Granted). It may be signalled spuriously; the
+	// waiter then simply tries again. It stays valid until the id is granted
+	// or cancelled.
 	Wake <-chan struct{}
+	// GrantedAgo, for Granted, is how long before this call the store made
+	// the grant (a handoff, or a repeated call), by the store's clock. The
+	// lease's TTL runs from the grant, so renewals count from then.
+	GrantedAgo time.Duration
 }

@@ -13,12 +13,15 @@
 -- ARGV[10] number of domains n, then ARGV[11..10+n] domain encodings
 --          (sorted, distinct)
 -- Returns:
---   {"1"}              granted (also when this id was granted before)
+--   {"1", age_us}      granted; age_us is how long ago (0 now; more when an
+--                      earlier call or another script's handoff granted it)
 --   {"2"}              queued: wait for a wake event
 --   {"3", wait_us}     delayed: try again after wait_us (rate or pause)
 --   {"-1", mem_limit}  never admissible: memory above the run's ceiling
 --   {"-2"}             the budget is not registered (config missing)
 -- While the budget is quarantined after a state loss, every call is delayed.
+-- Capacity this call frees (a waiter leaving) is handed to the next heads
+-- before it returns (lib.lua, done).
 
 local id = id_arg(ARGV[3], 'waiter id')
 local ch = id_arg(ARGV[4], 'process channel')
@@ -31,9 +34,10 @@ local n = int(ARGV[10], 'domain count', 1, 10000)
 if #ARGV ~= 10 + n then bad('domain count does not match the arguments') end
 local encs = {}
 for i = 1, n do encs[i] = enc_arg(ARGV[10 + i]) end
+local req = {id = id, encs = encs, class = class, mem = mem, body = body, consumer = consumer, ch = ch, ttl = ttl}
 
 local now = clock()
-local lim = limits()
+local lim = lims()
 if not lim then return {'-2'} end
 touch_cfg()
 reclaim(now)
@@ -41,69 +45,18 @@ reclaim(now)
 -- had one TTL to re-assert its leases.
 local qu = tonumber(redis.call('HGET', CFG, 'qu'))
 if qu and now < qu then
-  return {'3', I(qu - now)}
+  return done({'3', I(qu - now)})
 end
 
-local lk = P .. 'l:' .. id
-if redis.call('EXISTS', lk) == 1 then
-  return {'1'} -- a retried call: the grant stands, and is not made twice
+local granted_at = redis.call('HGET', P .. 'l:' .. id, 'g')
+if granted_at then
+  -- A retried call, or a handoff: the grant stands, and is not made twice.
+  return done({'1', I(math.max(0, now - tonumber(granted_at)))})
 end
 local wk = P .. 'w:' .. id
 if lim.mem > 0 and mem > lim.mem then
   remove_waiter(id)
-  return {'-1', I(lim.mem)}
-end
-
--- Reports, without changing counts, whether the request fits now. Buckets
--- are refilled (their only write). ticket orders this waiter against the
--- memory line; a new arrival is younger than everyone.
-local function check(doms, ticket)
-  local slot, memb, wait = false, false, 0
-  local cap = lim.caps[class + 1]
-  local fc = 'f' .. class
-  for _, d in ipairs(doms) do
-    settle(d, now, lim)
-    if now < d.pu then wait = math.max(wait, d.pu - now) end
-    if cap > 0 and d[fc] >= cap then slot = true end
-    if body == 1 and lim.bodies > 0 and d.b >= lim.bodies then slot = true end
-    local r, burst = rate(d, now, lim)
-    if r > 0 then
-      refill(d, now, r, burst)
-      if d.tk < 1 then
-        wait = math.max(wait, math.ceil((1 - d.tk) / r * 1000000))
-      end
-    end
-  end
-  if mem > 0 and lim.mem > 0 then
-    if lim.memheld + mem > lim.mem then
-      memb = true
-    else
-      local first = redis.call('ZRANGE', P .. 'memq', 0, 0, 'WITHSCORES')
-      if first[1] and tonumber(first[2]) < ticket then memb = true end
-    end
-  end
-  return slot, memb, wait
-end
-
-local function grant(doms)
-  local fc = 'f' .. class
-  for _, d in ipairs(doms) do
-    d[fc] = d[fc] + 1
-    if body == 1 then d.b = d.b + 1 end
-    if d.bk == 1 then d.tk = d.tk - 1 end
-    if d.fs == 0 then d.fs = now end
-    d.ss = decay(d.ss, (now - d.sa) / 1000000) + 1 / TAU
-    d.sa = now
-    dsave(d, now, lim)
-  end
-  if mem > 0 then redis.call('HINCRBY', CFG, 'memheld', I(mem)) end
-  redis.call('HSET', lk, 'ds', table.concat(encs, ' '), 'c', I(class), 'm', I(mem),
-    'hr', '1', 'hb', I(body), 'hm', (mem > 0) and '1' or '0', 'cs', consumer, 'g', I(now), 'ch', ch)
-  redis.call('PEXPIRE', lk, I(IDLE))
-  redis.call('ZADD', P .. 'lexp', I(now + ttl), id)
-  redis.call('PEXPIRE', P .. 'lexp', IDLE)
-  redis.call('ZADD', P .. 'lref', I(now), id)
-  redis.call('PEXPIRE', P .. 'lref', IDLE)
+  return done({'-1', I(lim.mem)})
 end
 
 local doms = {}
@@ -117,10 +70,10 @@ if not ticket then
     if redis.call('EXISTS', d.q) == 1 then empty = false break end
   end
   if empty then
-    local slot, memb, wait = check(doms, 1 / 0)
+    local slot, memb, wait = check(req, doms, lim, now, math.huge)
     if not slot and not memb and wait == 0 then
-      grant(doms)
-      return {'1'}
+      grant(req, doms, lim, now)
+      return done({'1', '0'})
     end
   end
   ticket = redis.call('HINCRBY', CFG, 'seq', 1)
@@ -129,7 +82,7 @@ if not ticket then
     redis.call('PEXPIRE', d.q, IDLE)
   end
   redis.call('HSET', wk, 't', I(ticket), 'ds', table.concat(encs, ' '), 'ch', ch,
-    'cs', consumer, 'c', I(class), 'm', I(mem), 'b', I(body), 'sb', '0', 'at', I(now))
+    'cs', consumer, 'c', I(class), 'm', I(mem), 'b', I(body), 'at', I(now), 'ttl', I(ttl))
 end
 -- Every call is also the waiter's liveness beat.
 redis.call('ZADD', P .. 'wexp', I(now + ttl), id)
@@ -139,12 +92,11 @@ redis.call('PEXPIRE', wk, IDLE)
 for _, d in ipairs(doms) do
   if head(d.q) ~= id then
     redis.call('PEXPIRE', d.q, IDLE)
-    return {'2'}
+    return done({'2'})
   end
 end
 
-local slot, memb, wait = check(doms, ticket)
-redis.call('HSET', wk, 'sb', slot and '1' or '0')
+local slot, memb, wait = check(req, doms, lim, now, ticket)
 if memb then
   redis.call('ZADD', P .. 'memq', I(ticket), id)
   redis.call('PEXPIRE', P .. 'memq', IDLE)
@@ -153,9 +105,9 @@ else
 end
 if slot or memb or wait > 0 then
   for _, d in ipairs(doms) do dsave(d, now, lim) end
-  if slot or memb then return {'2'} end
-  return {'3', I(wait)}
+  if slot or memb then return done({'2'}) end
+  return done({'3', I(wait)})
 end
-grant(doms)
+grant(req, doms, lim, now)
 remove_waiter(id)
-return {'1'}
+return done({'1', '0'})

@@ -14,4 +14,4 @@ if redis.call('EXISTS', CFG) == 1 then touch_cfg() end
 reclaim(now)
 remove_waiter(id)
 retire(id, 1, 1, 1)
-return {'1'}
+return done({'1'})

@@ -12,7 +12,7 @@
 local consumer = ARGV[3]
 local all = int(ARGV[4], 'all flag', 0, 1)
 local now = clock()
-local lim = limits()
+local lim = lims()
 if not lim then return {'-2'} end
 touch_cfg()
 reclaim(now)
@@ -24,4 +24,4 @@ for _, lid in ipairs(redis.call('ZRANGE', P .. 'lexp', 0, -1)) do
     n = n + 1
   end
 end
-return {I(n)}
+return done({I(n)})

@@ -71,4 +71,4 @@ for i = 6 + n, 5 + n + m do
   local dk = P .. 'd:' .. enc_arg(ARGV[i])
   if redis.call('PTTL', dk) < IDLE / 2 then redis.call('PEXPIRE', dk, IDLE) end
 end
-return missing
+return done(missing)

@@ -15,10 +15,9 @@
 
 local most = int(ARGV[3], 'most', 0, 1000000)
 local now = clock()
-local lim = limits()
+local lim = lims()
 if not lim then return {'-2'} end
 reclaim(now)
-lim = limits()
 local cfg = redis.call('HMGET', CFG, 'epoch', 'json')
 local out = {now = I(now), epoch = cfg[1] or '', limits = cfg[2] or '', memheld = I(lim.memheld),
   domains = {}, leases = {}, waiters = {}}
@@ -57,4 +56,4 @@ for i = 1, #ws, 2 do
       consumer = v[5] or '', ticket = v[6] or '', arrived = v[7] or '', expires = ws[i + 1]}
   end
 end
-return {cjson.encode(out)}
+return done({cjson.encode(out)})

@@ -85,10 +85,15 @@ local IDLE = int(ARGV[2], 'idle ttl', 1000, 86400000 * 30)
 local function I(x) return string.format('%d', x) end
 local function F(x) return string.format('%.17g', x) end
 
--- Redis TIME, read once per script (on 7.0 it advances during a script).
+-- Redis TIME, read once per script (on 7.0 it advances during a script),
+-- so every step of one script sees the same instant.
+local NOW
 local function clock()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if not NOW then
+    local t = redis.call('TIME')
+    NOW = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return NOW
 end
 
 -- Mirrors of budget/throttle.go. Change both together.
@@ -111,6 +116,14 @@ local function limits()
     caps = {tonumber(v[3]), tonumber(v[4]), tonumber(v[5]), tonumber(v[6])},
     bodies = tonumber(v[7]), mem = tonumber(v[8]), memheld = tonumber(v[9]) or 0,
   }
+end
+
+-- lims returns the budget's limits, read once per script; grants made by
+-- this script update memheld in place. nil when the budget is not stored.
+local LIM
+local function lims()
+  if LIM == nil then LIM = limits() or false end
+  return LIM or nil
 end
 
 local DF = {'f0', 'f1', 'f2', 'f3', 'b', 'bk', 'tk', 'ta', 'th', 'wm', 'da', 'bs', 'pu', 'ss', 'sa', 'fs'}
@@ -225,12 +238,17 @@ local function head(q)
   return redis.call('ZRANGE', q, 0, 0)[1]
 end
 
--- Wakes the head of queue q if its last attempt found a slot taken.
-local function wake_if_slot_blocked(q)
-  local h = head(q)
-  if h and redis.call('HGET', P .. 'w:' .. h, 'sb') == '1' then
-    wake(h)
-  end
+-- Waiters that may be able to move after this script's changes: new heads
+-- of queues, heads of queues where something came free, the first of the
+-- memory line. done() tries to grant each one here and now (a handoff),
+-- which lets one release fill every free slot at once instead of one slot
+-- per wake-and-call, and wakes only those that must act: a waiter granted
+-- (to collect its lease), or one held back by time (the rate or a pause),
+-- which must learn how long to sleep. One held back by a ceiling or memory
+-- stays asleep: the release that frees its slot will try it again.
+local CANDS = {}
+local function candidate(wid)
+  CANDS[#CANDS + 1] = wid
 end
 
 -- Takes wid out of the memory line; a new first waiter may now fit.
@@ -239,11 +257,11 @@ local function memq_remove(wid)
   local first = head(mq)
   if redis.call('ZREM', mq, wid) == 1 and first == wid then
     local nf = head(mq)
-    if nf then wake(nf) end
+    if nf then candidate(nf) end
   end
 end
 
--- Takes waiter wid out of every queue, waking whoever now heads them.
+-- Takes waiter wid out of every queue; whoever now heads them is a candidate.
 local function remove_waiter(wid)
   local wk = P .. 'w:' .. wid
   local ds = redis.call('HGET', wk, 'ds')
@@ -254,7 +272,7 @@ local function remove_waiter(wid)
       redis.call('ZREM', q, wid)
       if h == wid then
         local nh = head(q)
-        if nh then wake(nh) end
+        if nh then candidate(nh) end
       end
     end
   end
@@ -263,8 +281,8 @@ local function remove_waiter(wid)
   redis.call('ZREM', P .. 'wexp', wid)
 end
 
--- Returns parts of lease lid (r, b, m are 0 or 1) and wakes the waiters that
--- what came free may let move.
+-- Returns parts of lease lid (r, b, m are 0 or 1); the heads of its queues
+-- and the first of the memory line become candidates.
 local function retire(lid, r, b, m)
   local lk = P .. 'l:' .. lid
   local v = redis.call('HMGET', lk, 'ds', 'c', 'm', 'hr', 'hb', 'hm')
@@ -286,13 +304,15 @@ local function retire(lid, r, b, m)
         if dr then redis.call('HINCRBY', dk, 'f' .. c, -1) end
         if db then redis.call('HINCRBY', dk, 'b', -1) end
       end
-      wake_if_slot_blocked(P .. 'q:' .. enc)
+      local h = head(P .. 'q:' .. enc)
+      if h then candidate(h) end
     end
   end
   if dm then
     redis.call('HINCRBY', CFG, 'memheld', I(-mem))
+    if LIM then LIM.memheld = LIM.memheld - mem end
     local nf = head(P .. 'memq')
-    if nf then wake(nf) end
+    if nf then candidate(nf) end
   end
   if dr then hr = 0 end
   if db then hb = 0 end
@@ -304,6 +324,124 @@ local function retire(lid, r, b, m)
   else
     redis.call('HSET', lk, 'hr', I(hr), 'hb', I(hb), 'hm', I(hm))
   end
+end
+
+-- A request as the scripts see it: req = {id, encs, class, mem, body,
+-- consumer, ch, ttl (us)}, the caller's or a queued waiter's stored one.
+
+-- check reports, without changing counts, whether req fits now: slot when a
+-- ceiling is full on a domain, memb when memory is short or promised to an
+-- older waiter, and wait (us) for the rate or a pause. Buckets are refilled
+-- on the domain tables (their only change). ticket orders req against the
+-- memory line; a new arrival is younger than everyone (math.huge).
+local function check(req, doms, lim, now, ticket)
+  local slot, memb, wait = false, false, 0
+  local cap = lim.caps[req.class + 1]
+  local fc = 'f' .. req.class
+  for _, d in ipairs(doms) do
+    settle(d, now, lim)
+    if now < d.pu then wait = math.max(wait, d.pu - now) end
+    if cap > 0 and d[fc] >= cap then slot = true end
+    if req.body == 1 and lim.bodies > 0 and d.b >= lim.bodies then slot = true end
+    local r, burst = rate(d, now, lim)
+    if r > 0 then
+      refill(d, now, r, burst)
+      if d.tk < 1 then
+        wait = math.max(wait, math.ceil((1 - d.tk) / r * 1000000))
+      end
+    end
+  end
+  if req.mem > 0 and lim.mem > 0 then
+    if lim.memheld + req.mem > lim.mem then
+      memb = true
+    else
+      local first = redis.call('ZRANGE', P .. 'memq', 0, 0, 'WITHSCORES')
+      if first[1] and first[1] ~= req.id and tonumber(first[2]) < ticket then memb = true end
+    end
+  end
+  return slot, memb, wait
+end
+
+-- grant charges req to its domains and the memory pool and records the
+-- lease; check has just refilled the buckets at now.
+local function grant(req, doms, lim, now)
+  local fc = 'f' .. req.class
+  for _, d in ipairs(doms) do
+    d[fc] = d[fc] + 1
+    if req.body == 1 then d.b = d.b + 1 end
+    if d.bk == 1 then d.tk = d.tk - 1 end
+    if d.fs == 0 then d.fs = now end
+    d.ss = decay(d.ss, (now - d.sa) / 1000000) + 1 / TAU
+    d.sa = now
+    dsave(d, now, lim)
+  end
+  if req.mem > 0 then
+    redis.call('HINCRBY', CFG, 'memheld', I(req.mem))
+    lim.memheld = lim.memheld + req.mem
+  end
+  local lk = P .. 'l:' .. req.id
+  redis.call('HSET', lk, 'ds', table.concat(req.encs, ' '), 'c', I(req.class), 'm', I(req.mem),
+    'hr', '1', 'hb', I(req.body), 'hm', (req.mem > 0) and '1' or '0', 'cs', req.consumer, 'g', I(now), 'ch', req.ch)
+  redis.call('PEXPIRE', lk, I(IDLE))
+  redis.call('ZADD', P .. 'lexp', I(now + req.ttl), req.id)
+  redis.call('PEXPIRE', P .. 'lexp', IDLE)
+  redis.call('ZADD', P .. 'lref', I(now), req.id)
+  redis.call('PEXPIRE', P .. 'lref', IDLE)
+end
+
+-- try_grant admits queued waiter wid on its stored request if it heads all
+-- its queues and fits now, and tells it so (it finds its lease on its next
+-- call). Returns 'granted', 'wait' (held back by the rate or a pause),
+-- 'blocked' (a ceiling or memory), 'no' (not a head of every queue, or
+-- gone), or 'unknown' (a waiter without a stored request: just wake it).
+local function try_grant(wid, now)
+  local lim = lims()
+  local v = redis.call('HMGET', P .. 'w:' .. wid, 'ds', 'c', 'm', 'b', 'cs', 'ch', 'ttl', 't')
+  if not v[1] then return 'no' end
+  if not lim or not v[7] then return 'unknown' end
+  local req = {id = wid, encs = {}, class = tonumber(v[2]), mem = tonumber(v[3]), body = tonumber(v[4]),
+    consumer = v[5] or '', ch = v[6], ttl = tonumber(v[7])}
+  for e in string.gmatch(v[1], '%S+') do
+    if head(P .. 'q:' .. e) ~= wid then return 'no' end
+    req.encs[#req.encs + 1] = e
+  end
+  local doms = {}
+  for i, e in ipairs(req.encs) do doms[i] = dload(e) end
+  local ticket = tonumber(v[8])
+  local slot, memb, wait = check(req, doms, lim, now, ticket)
+  if memb then
+    redis.call('ZADD', P .. 'memq', I(ticket), wid)
+    redis.call('PEXPIRE', P .. 'memq', IDLE)
+  end
+  if slot or memb then return 'blocked' end
+  if wait > 0 then return 'wait' end
+  grant(req, doms, lim, now)
+  remove_waiter(wid)
+  redis.call(PUB, P .. 'wake:' .. req.ch, wid)
+  return 'granted'
+end
+
+-- done hands free capacity to the candidates, in bounded work, and wakes
+-- those that must hear of a change; every script returns through it.
+local HANDOFF = 32
+local function done(result)
+  local now = clock()
+  local i, granted = 1, 0
+  while i <= #CANDS do
+    local wid = CANDS[i]
+    i = i + 1
+    if granted >= HANDOFF then
+      wake(wid) -- past the bound: let it call for itself
+    else
+      local r = try_grant(wid, now)
+      if r == 'granted' then
+        granted = granted + 1
+      elseif r == 'wait' or r == 'unknown' then
+        wake(wid)
+      end
+    end
+  end
+  return result
 end
 
 -- Reclaims, in bounded work, leases and waiters whose holders stopped

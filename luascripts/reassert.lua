@@ -16,7 +16,7 @@
 local ttl = int(ARGV[3], 'lease ttl', 1, 86400000) * 1000
 local n = int(ARGV[4], 'lease count', 0, 1000000)
 local now = clock()
-local lim = limits()
+local lim = lims()
 if not lim then return {'-2'} end
 touch_cfg()
 -- The host saw the epoch change under it. If the budget was re-created by
@@ -24,7 +24,7 @@ touch_cfg()
 -- quarantined yet: hold new grants until this host's holders are back.
 local qu = tonumber(redis.call('HGET', CFG, 'qu')) or 0
 if qu < now + ttl then redis.call('HSET', CFG, 'qu', I(now + ttl)) end
-local i, done = 5, 0
+local i, put = 5, 0
 for _ = 1, n do
   local id = id_arg(ARGV[i], 'lease id')
   local class = int(ARGV[i + 1], 'class', 0, 3)
@@ -50,9 +50,9 @@ for _ = 1, n do
     redis.call('PEXPIRE', lk, I(IDLE))
     redis.call('ZADD', P .. 'lexp', I(now + ttl), id)
     redis.call('ZADD', P .. 'lref', I(now), id)
-    done = done + 1
+    put = put + 1
   end
 end
 redis.call('PEXPIRE', P .. 'lexp', IDLE)
 redis.call('PEXPIRE', P .. 'lref', IDLE)
-return {I(done)}
+return {I(put)}

@@ -59,9 +59,9 @@ if stored and stored ~= json then
   -- first of the memory line; they re-check under the new limits.
   for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
     local h = head(P .. 'q:' .. enc)
-    if h then wake(h) end
+    if h then candidate(h) end
   end
   local f = head(P .. 'memq')
-  if f then wake(f) end
+  if f then candidate(f) end
 end
-return {'1', redis.call('HGET', CFG, 'epoch')}
+return done({'1', redis.call('HGET', CFG, 'epoch')})

@@ -11,7 +11,7 @@
 
 local enc = enc_arg(ARGV[3])
 local now = clock()
-local lim = limits()
+local lim = lims()
 if not lim then return {'-2'} end
 touch_cfg()
 reclaim(now)
@@ -25,5 +25,5 @@ elseif d.ta > now then
 end
 dsave(d, now, lim)
 local h = head(d.q)
-if h then wake(h) end
-return {'1'}
+if h then candidate(h) end
+return done({'1'})

@@ -14,4 +14,4 @@ local now = clock()
 if redis.call('EXISTS', CFG) == 1 then touch_cfg() end
 reclaim(now)
 retire(id, parts % 2, math.floor(parts / 2) % 2, math.floor(parts / 4) % 2)
-return {'1'}
+return done({'1'})

@@ -14,7 +14,7 @@
 local enc = enc_arg(ARGV[3])
 local pause = int(ARGV[4], 'retry-after', 0, 9007199254740991)
 local now = clock()
-local lim = limits()
+local lim = lims()
 if not lim then return {'-2'} end
 if restarted() then new_epoch(now, int(ARGV[5], 'quarantine', 0, 86400000) * 1000) end
 touch_cfg()
@@ -41,4 +41,4 @@ if pause > 0 then
   if d.pu > d.ta then d.ta = d.pu end
 end
 dsave(d, now, lim)
-return {'1', F(factor(d, now))}
+return done({'1', F(factor(d, now))})

@@ -8,11 +8,10 @@
 -- queue length}, all strings. {"-2"} when the budget is not registered.
 
 local now = clock()
-local lim = limits()
+local lim = lims()
 if not lim then return {'-2'} end
 touch_cfg()
 reclaim(now)
-lim = limits()
 local out = {I(lim.memheld), I(redis.call('ZCARD', P .. 'wexp'))}
 local doms = P .. 'doms'
 for _, enc in ipairs(redis.call('ZRANGE', doms, 0, -1)) do
@@ -29,4 +28,4 @@ for _, enc in ipairs(redis.call('ZRANGE', doms, 0, -1)) do
     end
   end
 end
-return out
+return done(out)

@@ -461,11 +461,19 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		}
 		switch res[0] {
 		case "1":
+			var ago time.Duration
+			if len(res) > 1 {
+				us, err := strconv.ParseInt(res[1], 10, 64)
+				if err != nil || us < 0 {
+					return budget.Attempt{}, fmt.Errorf("redisstore: acquire: malformed grant age %q", res[1])
+				}
+				ago = time.Duration(us) * time.Microsecond
+			}
 			s.unwatch(id)
 			s.mu.Lock()
 			s.leases[id] = &heldLease{encs: encs, class: req.Class.Index(), mem: req.MemoryBytes, consumer: req.Consumer, held: req.Parts()}
 			s.mu.Unlock()
-			return budget.Attempt{Outcome: budget.Granted}, nil
+			return budget.Attempt{Outcome: budget.Granted, GrantedAgo: ago}, nil
 		case "2":
 			return budget.Attempt{Outcome: budget.Queued, Wake: wake}, nil
 		case "3":
