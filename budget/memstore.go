@@ -238,11 +238,15 @@ func (s *memStore) grant(id string, l *memLease, doms []*domainState, req Reques
 		if ds.bucket {
 			ds.tokens--
 		}
-		if ds.firstStart.IsZero() {
-			ds.firstStart = now
+		// The measured start rate only serves a throttle on a domain with no
+		// rate ceiling; with one, the exp on every grant is wasted work.
+		if s.limits.RequestsPerSecond == 0 {
+			if ds.firstStart.IsZero() {
+				ds.firstStart = now
+			}
+			ds.startSum = decayRate(ds.startSum, now.Sub(ds.startAt).Seconds()) + 1/startRateTau.Seconds()
+			ds.startAt = now
 		}
-		ds.startSum = decayRate(ds.startSum, now.Sub(ds.startAt).Seconds()) + 1/startRateTau.Seconds()
-		ds.startAt = now
 		delete(s.draining, ds)
 	}
 	s.memHeld += req.MemoryBytes

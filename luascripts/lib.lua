@@ -370,9 +370,13 @@ local function grant(req, doms, lim, now)
     d[fc] = d[fc] + 1
     if req.body == 1 then d.b = d.b + 1 end
     if d.bk == 1 then d.tk = d.tk - 1 end
-    if d.fs == 0 then d.fs = now end
-    d.ss = decay(d.ss, (now - d.sa) / 1000000) + 1 / TAU
-    d.sa = now
+    -- The measured start rate only serves a throttle on a domain with no
+    -- rate ceiling (see budget/throttle.go).
+    if lim.rps == 0 then
+      if d.fs == 0 then d.fs = now end
+      d.ss = decay(d.ss, (now - d.sa) / 1000000) + 1 / TAU
+      d.sa = now
+    end
     dsave(d, now, lim)
   end
   if req.mem > 0 then
