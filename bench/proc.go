@@ -57,7 +57,6 @@ type msg struct {
 	Keep  bool    `json:"keep,omitempty"`  // go: keep every lease until release
 	Ready bool    `json:"ready,omitempty"`
 	T     int64   `json:"t,omitempty"`     // a moment, Unix ns
-	W     int64   `json:"w,omitempty"`     // waiter: when its last script call before admission went out, Unix ns
 	N     int64   `json:"n,omitempty"`     // admissions (or calls) so far
 	Times []int64 `json:"times,omitempty"` // when each kept lease was granted, as the lane saw it, Unix ns
 	Err   string  `json:"err,omitempty"`

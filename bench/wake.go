@@ -83,9 +83,8 @@ func p2(ctx context.Context, e *env) error {
 		m, err := pop.recv(ctx)
 		return since(t0, m), err
 	}
-	// The handoff in two legs: from the release to the moment the woken
-	// waiter sends its acquire call, and that call itself.
-	var wakeLeg, callLeg []time.Duration
+	// The releasing script grants the waiter itself and says so in the wake
+	// message, so the handoff is one script call plus one message.
 	budgetOne := func(ctx context.Context) (time.Duration, error) {
 		l, err := b.Acquire(ctx, req)
 		if err != nil {
@@ -104,11 +103,6 @@ func p2(ctx context.Context, e *env) error {
 		t0 := time.Now()
 		l.Release()
 		m, err := waiter.recv(ctx)
-		if err == nil && m.W != 0 {
-			woke := time.Unix(0, m.W)
-			wakeLeg = append(wakeLeg, woke.Sub(t0))
-			callLeg = append(callLeg, time.Unix(0, m.T).Sub(woke))
-		}
 		return since(t0, m), err
 	}
 	// Warm up all three paths.
@@ -123,20 +117,15 @@ func p2(ctx context.Context, e *env) error {
 	fPop := e.figure(sectionFloors, "floor.wake.blpop", "wake floor: bare BLPOP handoff, 2 processes", "µs", true)
 	s := "P2 release to wake, 2 processes"
 	fRB := e.figure(s, "p2.handoff", "Release in one process to Acquire returning in another", "µs", true)
-	fWake := e.figure(s, "p2.leg.wake", "of which: Release to the woken waiter sending its acquire call", "µs", true)
-	fCall := e.figure(s, "p2.leg.call", "of which: that acquire call, sent to Acquire returning", "µs", true)
 	n := e.sz.wakes
 	if err := e.rounds(ctx,
 		into(fPub, handoff(n, pubsubOne)),
 		func(ctx context.Context) error {
-			wakeLeg, callLeg = wakeLeg[:0], callLeg[:0]
 			r, err := handoff(n, budgetOne)(ctx)
 			if err != nil {
 				return err
 			}
 			fRB.add(r)
-			fWake.add(latencyRound(wakeLeg, 0))
-			fCall.add(latencyRound(callLeg, 0))
 			return nil
 		},
 		into(fPop, handoff(n, blpopOne)),

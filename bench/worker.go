@@ -166,24 +166,7 @@ func (w *child) blpop(ctx context.Context, c *redis.Client) error {
 	return nil
 }
 
-// lastSent is a go-redis hook that remembers when the client last sent a
-// command: for the waiter, the call it makes once woken.
-type lastSent struct{ t atomic.Int64 }
-
-func (h *lastSent) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *lastSent) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h *lastSent) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.t.Store(time.Now().UnixNano())
-		return next(ctx, cmd)
-	}
-}
-
 func (w *child) waiter(ctx context.Context, c *redis.Client) error {
-	sent := &lastSent{}
-	c.AddHook(sent)
 	b, err := w.budget(c)
 	if err != nil {
 		return err
@@ -200,9 +183,8 @@ func (w *child) waiter(ctx context.Context, c *redis.Client) error {
 			return err
 		}
 		t := time.Now().UnixNano()
-		woke := sent.t.Load()
 		l.Release()
-		w.reply(msg{T: t, W: woke})
+		w.reply(msg{T: t})
 	}
 	return nil
 }

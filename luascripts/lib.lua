@@ -394,8 +394,7 @@ local function grant(req, doms, lim, now)
 end
 
 -- try_grant admits queued waiter wid on its stored request if it heads all
--- its queues and fits now, and tells it so (it finds its lease on its next
--- call). Returns 'granted', 'wait' (held back by the rate or a pause),
+-- its queues and fits now, and tells it so. Returns 'granted', 'wait' (held back by the rate or a pause),
 -- 'blocked' (a ceiling or memory), 'no' (not a head of every queue, or
 -- gone), or 'unknown' (a waiter without a stored request: just wake it).
 local function try_grant(wid, now)
@@ -421,7 +420,9 @@ local function try_grant(wid, now)
   if wait > 0 then return 'wait' end
   grant(req, doms, lim, now)
   remove_waiter(wid)
-  redis.call(PUB, P .. 'wake:' .. req.ch, wid)
+  -- The message carries the grant: the waiter need not call to learn it
+  -- (if the message is lost, its next call finds the lease).
+  redis.call(PUB, P .. 'wake:' .. req.ch, 'granted ' .. wid)
   return 'granted'
 end
 

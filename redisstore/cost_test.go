@@ -150,13 +150,13 @@ func TestContentionCost(t *testing.T) {
 		for k, v := range after {
 			inner += v - before[k]
 		}
-		// Each admission is one Acquire call plus one Release; queued ones
-		// add one call per wake.
+		// Each admission is one Acquire call plus one Release: a queued
+		// waiter is granted by a releasing script and told so, with no call.
 		t.Logf("%d lanes on 8 slots: %.2f script calls, %.2f wake messages, %.1f Redis commands (inside scripts included) per admitted request",
 			lanes, scripts, pubs, float64(inner)/admitted)
 		perAdmit = append(perAdmit, scripts)
-		if scripts > 4 {
-			t.Errorf("%d lanes: %.2f script calls per admission, want at most 4", lanes, scripts)
+		if scripts > 2.5 {
+			t.Errorf("%d lanes: %.2f script calls per admission, want about 2 (acquire, release)", lanes, scripts)
 		}
 		if pubs > 1.5 {
 			t.Errorf("%d lanes: %.2f wake messages per admission: a herd", lanes, pubs)

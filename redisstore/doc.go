@@ -41,15 +41,17 @@
 // line, as many as fit (at most 32 per call). This handoff matters: if each
 // new head had to be woken and call for itself, admissions would follow one
 // another at one wake-and-call each, whatever the number of free slots (a
-// measured 1 of 8 slots in use with 64 lanes). Scripts then publish the
-// waiter's ID on its process's channel (SPUBLISH on a Cluster, so the
-// message stays on the shard of the budget's slot) and its next call
-// collects the lease. Only waiters granted, or held back by time (the rate
-// or a pause, so they learn how long to sleep), are woken; one held back by
-// a ceiling stays asleep until a release tries it again. Under 64-way
-// contention on 8 slots that is one wake message and three script calls per
-// admitted request, the same as with 16 lanes. A wake lost on the way (a
-// reconnect) costs at most TTL/3, when the waiter calls again.
+// measured 1 of 8 slots in use with 64 lanes). Scripts publish on the
+// waiter's process channel (SPUBLISH on a Cluster, so the message stays on
+// the shard of the budget's slot) "granted <id>" for a waiter they granted,
+// which then returns from Acquire with no further call, or "<id>" for one
+// held back by time (the rate or a pause), which calls to learn how long
+// to sleep. One held back by a ceiling stays asleep until a release tries
+// it again. Under 64-way contention on 8 slots that is one wake message and
+// two script calls (its first, queued call and its release) per admitted
+// request, the same as with 16 lanes. A message lost on the way (a
+// reconnect) costs at most TTL/3: the waiter's next liveness call finds its
+// lease, or its place in line.
 //
 // Pub/sub was chosen over a blocking list per waiter (BLPOP) on measurement:
 // a bare handoff on loopback costs about the same (92-108 us for pub/sub,

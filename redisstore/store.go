@@ -102,7 +102,7 @@ type Store struct {
 	mu     sync.Mutex
 	limits budget.Limits // last registered, to register again after a state loss
 	epoch  string        // the budget's epoch this store last saw; see reassert
-	wakes  map[string]chan struct{}
+	wakes  map[string]*waiting    // this process's waiters, by ID
 	leases map[string]*heldLease // leases granted through this store, for heartbeats
 
 	sub       *redis.PubSub
@@ -112,6 +112,13 @@ type Store struct {
 
 // heldLease is what this process knows of a lease it holds: enough to renew
 // its domains' keys, and to put it back after Redis lost the budget.
+// waiting is what the store knows of one of this process's waiters.
+type waiting struct {
+	wake     chan struct{} // signalled by wake events
+	lastCall time.Time     // when its latest acquire call was sent
+	granted  bool          // a script granted it by handoff and said so
+}
+
 type heldLease struct {
 	encs     []string
 	class    int
@@ -148,7 +155,7 @@ func New(client redis.UniversalClient, name string, opts ...Option) (*Store, err
 		prefix: keyPrefix(name),
 		ttl:    DefaultLeaseTTL,
 		pubCmd: "PUBLISH",
-		wakes:  make(map[string]chan struct{}),
+		wakes:  make(map[string]*waiting),
 		leases: make(map[string]*heldLease),
 	}
 	for _, o := range opts {
@@ -257,31 +264,28 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// grantedPrefix marks a wake event that carries a grant: a script handed
+// the waiter a slot (see the package doc), so it need not call to learn it.
+const grantedPrefix = "granted "
+
 // dispatch delivers wake events to the waiters of this process.
 func (s *Store) dispatch(msgs <-chan *redis.Message) {
 	defer close(s.subDone)
 	for m := range msgs {
+		id, granted := strings.CutPrefix(m.Payload, grantedPrefix)
 		s.mu.Lock()
-		ch := s.wakes[m.Payload]
+		w := s.wakes[id]
+		if w != nil && granted {
+			w.granted = true
+		}
 		s.mu.Unlock()
-		if ch != nil {
+		if w != nil {
 			select {
-			case ch <- struct{}{}:
+			case w.wake <- struct{}{}:
 			default: // already signalled
 			}
 		}
 	}
-}
-
-func (s *Store) watch(id string) chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ch := s.wakes[id]
-	if ch == nil {
-		ch = make(chan struct{}, 1)
-		s.wakes[id] = ch
-	}
-	return ch
 }
 
 func (s *Store) unwatch(id string) {
@@ -445,7 +449,26 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 	for i, d := range req.Domains {
 		encs[i] = encodeDomain(d)
 	}
-	wake := s.watch(id)
+	s.mu.Lock()
+	w := s.wakes[id]
+	if w != nil && w.granted {
+		// Granted by handoff: the script said so, no call needed. The
+		// lease's TTL started at the grant, which came after this waiter's
+		// previous call (it was queued then): count renewals from that call,
+		// which can only be early, never late. A lost message falls back to
+		// the waiter's next call, which finds the lease.
+		delete(s.wakes, id)
+		s.leases[id] = &heldLease{encs: encs, class: req.Class.Index(), mem: req.MemoryBytes, consumer: req.Consumer, held: req.Parts()}
+		s.mu.Unlock()
+		return budget.Attempt{Outcome: budget.Granted, GrantedAgo: time.Since(w.lastCall)}, nil
+	}
+	if w == nil {
+		w = &waiting{wake: make(chan struct{}, 1)}
+		s.wakes[id] = w
+	}
+	w.lastCall = time.Now()
+	wake := w.wake
+	s.mu.Unlock()
 	body := 0
 	if req.OpensBody {
 		body = 1
