@@ -397,11 +397,17 @@ end
 -- its queues and fits now, and tells it so. Returns 'granted', 'wait' (held back by the rate or a pause),
 -- 'blocked' (a ceiling or memory), 'no' (not a head of every queue, or
 -- gone), or 'unknown' (a waiter without a stored request: just wake it).
+local QU
 local function try_grant(wid, now)
   local lim = lims()
   local v = redis.call('HMGET', P .. 'w:' .. wid, 'ds', 'c', 'm', 'b', 'cs', 'ch', 'ttl', 't')
   if not v[1] then return 'no' end
   if not lim or not v[7] then return 'unknown' end
+  -- No grant while the budget is quarantined after a state loss (waiters
+  -- can survive a restart from AOF); the waiter learns how long from its
+  -- own call, which the quarantine delays.
+  if QU == nil then QU = tonumber(redis.call('HGET', CFG, 'qu')) or 0 end
+  if now < QU then return 'wait' end
   local req = {id = wid, encs = {}, class = tonumber(v[2]), mem = tonumber(v[3]), body = tonumber(v[4]),
     consumer = v[5] or '', ch = v[6], ttl = tonumber(v[7])}
   for e in string.gmatch(v[1], '%S+') do

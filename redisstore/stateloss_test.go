@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"encoding/hex"
 	"testing"
 	"time"
 
@@ -83,5 +84,55 @@ func TestStateLoss(t *testing.T) {
 			}
 			expectIdle(t, holder)
 		})
+	}
+}
+
+// TestNoHandoffDuringQuarantine: waiters survive a restart from AOF, and a
+// release during the quarantine that follows must not hand them the slot.
+func TestNoHandoffDuringQuarantine(t *testing.T) {
+	srv := redistest.Start(t, redistest.WithConfig("appendonly yes", "appendfsync always"))
+	const ttl = 2 * time.Second
+	c := srv.Client(t)
+	holder := open(t, c, "quarantine", slots(1), ttl)
+	waiterHost := open(t, srv.Client(t), "quarantine", slots(1), ttl)
+	a := dom("a")
+	held := mustAcquire(t, holder, get(a))
+	got := make(chan time.Time, 1)
+	go func() {
+		l, err := waiterHost.Acquire(context.Background(), get(a))
+		if err != nil {
+			t.Error(err)
+			got <- time.Time{}
+			return
+		}
+		got <- time.Now()
+		l.Release()
+	}()
+	for usage(t, waiterHost).Waiters != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	srv.Kill()
+	srv.Restart(t) // same data, new run_id
+	// The holder's next heartbeat notices the restart and quarantines the
+	// budget for one TTL; wait until it has.
+	cfg := "rb:{" + hex.EncodeToString([]byte("quarantine")) + "}:cfg"
+	deadline := time.Now().Add(5 * time.Second)
+	var qu int64
+	for qu == 0 && time.Now().Before(deadline) {
+		qu, _ = srv.Client(t).HGet(context.Background(), cfg, "qu").Int64()
+		time.Sleep(10 * time.Millisecond)
+	}
+	if qu == 0 {
+		t.Fatal("no quarantine after the restart")
+	}
+	released := time.Now()
+	held.Release() // during the quarantine: the waiter must not get the slot yet
+	at := <-got
+	if at.IsZero() {
+		t.FailNow()
+	}
+	end := time.UnixMicro(qu)
+	if at.Before(end.Add(-50 * time.Millisecond)) {
+		t.Errorf("waiter granted %v after the release, %v before the quarantine ended", at.Sub(released), end.Sub(at))
 	}
 }
