@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -143,7 +144,13 @@ func (b *Budget) Limits() Limits { return b.limits }
 // 122-bit prefix per Budget (a UUID) plus a counter is as unique across hosts
 // as a fresh UUID per call, and much cheaper on the admission path.
 func (b *Budget) newID() string {
-	return b.idPrefix + strconv.FormatUint(b.idSeq.Add(1), 36)
+	var n [13]byte // a uint64 in base 36
+	seq := strconv.AppendUint(n[:0], b.idSeq.Add(1), 36)
+	var sb strings.Builder // one allocation: the ID itself
+	sb.Grow(len(b.idPrefix) + len(seq))
+	sb.WriteString(b.idPrefix)
+	sb.Write(seq)
+	return sb.String()
 }
 
 // Acquire waits until the run may start req and returns the lease that holds

@@ -66,6 +66,8 @@ type domainState struct {
 	base       float64   // measured start rate captured for a domain without a ceiling
 	pauseUntil time.Time
 
+	draining bool // in memStore.draining
+
 	startSum   float64 // decaying sum of starts, in starts per second
 	startAt    time.Time
 	firstStart time.Time
@@ -160,7 +162,6 @@ func (s *memStore) TryAcquire(_ context.Context, id string, req Request) (Attemp
 		w = &waiter{id: id, ticket: s.seq, req: req, doms: doms, elems: make([]*list.Element, len(doms)), wake: make(chan struct{}, 1)}
 		for i, ds := range doms {
 			w.elems[i] = ds.queue.PushBack(w)
-			delete(s.draining, ds)
 		}
 		s.waiters[id] = w
 	}
@@ -247,7 +248,6 @@ func (s *memStore) grant(id string, l *memLease, doms []*domainState, req Reques
 			ds.startSum = decayRate(ds.startSum, now.Sub(ds.startAt).Seconds()) + 1/startRateTau.Seconds()
 			ds.startAt = now
 		}
-		delete(s.draining, ds)
 	}
 	s.memHeld += req.MemoryBytes
 	l.at, l.doms, l.class, l.mem, l.held = now, doms, class, req.MemoryBytes, req.Parts()
@@ -468,7 +468,6 @@ func (s *memStore) Throttle(_ context.Context, d Domain, retryAfter time.Duratio
 			ds.tokensAt = ds.pauseUntil
 		}
 	}
-	delete(s.draining, ds)
 	return nil
 }
 
@@ -528,10 +527,13 @@ func (s *memStore) domain(d Domain) *domainState {
 	return ds
 }
 
-// maybeIdle notes a domain that may soon hold nothing worth keeping.
+// maybeIdle notes a domain that may soon hold nothing worth keeping. A
+// domain stays noted while it is busy again (sweep checks before it deletes
+// anything), so a domain used over and over costs no map writes.
 func (s *memStore) maybeIdle(ds *domainState) {
-	if ds.queue.Len() == 0 && ds.inFlight == [4]int{} && ds.bodies == 0 {
+	if !ds.draining && ds.queue.Len() == 0 && ds.inFlight == [4]int{} && ds.bodies == 0 {
 		s.draining[ds] = struct{}{}
+		ds.draining = true
 	}
 }
 
@@ -547,6 +549,7 @@ func (s *memStore) sweep(now time.Time) {
 		n++
 		if ds.queue.Len() != 0 || ds.inFlight != [4]int{} || ds.bodies != 0 {
 			delete(s.draining, ds)
+			ds.draining = false
 			continue
 		}
 		s.settle(ds, now)
@@ -560,6 +563,7 @@ func (s *memStore) sweep(now time.Time) {
 			}
 		}
 		delete(s.draining, ds)
+		ds.draining = false
 		delete(s.domains, ds.d)
 	}
 }
