@@ -100,9 +100,9 @@ type Store struct {
 	reasserting sync.RWMutex
 
 	mu     sync.Mutex
-	limits budget.Limits // last registered, to register again after a state loss
-	epoch  string        // the budget's epoch this store last saw; see reassert
-	wakes  map[string]*waiting    // this process's waiters, by ID
+	limits budget.Limits         // last registered, to register again after a state loss
+	epoch  string                // the budget's epoch this store last saw; see reassert
+	wakes  map[string]*waiting   // this process's waiters, by ID
 	leases map[string]*heldLease // leases granted through this store, for heartbeats
 
 	sub       *redis.PubSub
