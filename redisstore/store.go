@@ -50,14 +50,26 @@ var (
 	noShebang = newScriptSet(false)
 )
 
-// scriptsFor asks the server, once, which script set it understands.
+// scriptsFor asks the server which script set it understands. A reply lost
+// on the way is asked again (a few times, within ctx), so one network blip
+// does not fail a host's start.
 func scriptsFor(ctx context.Context, c redis.UniversalClient) (*scriptSet, error) {
-	err := c.Eval(ctx, "#!lua flags=no-writes\nreturn 1", nil).Err()
-	switch {
-	case err == nil:
-		return withShebang, nil
-	case strings.Contains(strings.ToLower(err.Error()), "compil"), strings.Contains(err.Error(), "syntax"):
-		return noShebang, nil
+	var err error
+	for attempt := range 4 {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("redisstore: probing the server: %w: %v", budget.ErrUnavailable, ctx.Err())
+			case <-time.After(time.Duration(attempt) * 50 * time.Millisecond):
+			}
+		}
+		err = c.Eval(ctx, "#!lua flags=no-writes\nreturn 1", nil).Err()
+		switch {
+		case err == nil:
+			return withShebang, nil
+		case strings.Contains(strings.ToLower(err.Error()), "compil"), strings.Contains(err.Error(), "syntax"):
+			return noShebang, nil
+		}
 	}
 	return nil, fmt.Errorf("redisstore: probing the server: %w: %v", budget.ErrUnavailable, err)
 }
