@@ -170,7 +170,10 @@ func (s *memStore) TryAcquire(_ context.Context, id string, req Request) (Attemp
 	return att, nil
 }
 
-// attempt decides for a queued waiter. Lock held.
+// attempt decides for a queued waiter, on its own call or on another call's
+// behalf (flush): the one admission decision of this store. It keeps the
+// memory line to the waiters that head their queues and lack memory. Lock
+// held.
 func (s *memStore) attempt(w *waiter, now time.Time) Attempt {
 	for i, ds := range w.doms {
 		if ds.queue.Front() != w.elems[i] {
@@ -316,39 +319,16 @@ func (s *memStore) flush(now time.Time) {
 			wake(w) // past the bound: let it call for itself
 			continue
 		}
-		switch s.tryGrant(w, now) {
-		case "granted":
+		switch s.attempt(w, now).Outcome {
+		case Granted: // a handoff: its next TryAcquire finds the lease
 			granted++
-		case "wait":
+			wake(w)
+		case Delayed: // held back by time: it must learn how long
 			wake(w)
 		}
 	}
 	clear(s.cands)
 	s.cands = s.cands[:0]
-}
-
-// tryGrant mirrors the scripts' try_grant: "granted", "wait" (rate or
-// pause), "blocked" (a ceiling or memory), or "no" (not a head).
-func (s *memStore) tryGrant(w *waiter, now time.Time) string {
-	for i, ds := range w.doms {
-		if ds.queue.Front() != w.elems[i] {
-			return "no"
-		}
-	}
-	slot, mem, wait := s.check(w.doms, w.req, now, w.ticket)
-	if mem {
-		s.memQAdd(w)
-	}
-	switch {
-	case slot || mem:
-		return "blocked"
-	case wait > 0:
-		return "wait"
-	}
-	s.grant(w.id, &memLease{}, w.doms, w.req, now)
-	s.removeWaiter(w)
-	wake(w)
-	return "granted"
 }
 
 func wake(w *waiter) {

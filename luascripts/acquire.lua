@@ -96,18 +96,8 @@ for _, d in ipairs(doms) do
   end
 end
 
-local slot, memb, wait = check(req, doms, lim, now, ticket)
-if memb then
-  redis.call('ZADD', P .. 'memq', I(ticket), id)
-  redis.call('PEXPIRE', P .. 'memq', IDLE)
-else
-  memq_remove(id)
-end
-if slot or memb or wait > 0 then
-  for _, d in ipairs(doms) do dsave(d, now, lim) end
-  if slot or memb then return done({'2'}) end
-  return done({'3', I(wait)})
-end
-grant(req, doms, lim, now)
-remove_waiter(id)
-return done({'1', '0'})
+local r, wait = decide(req, doms, lim, now, ticket)
+if r == 'granted' then return done({'1', '0'}) end
+for _, d in ipairs(doms) do dsave(d, now, lim) end -- keep the refilled buckets
+if r == 'wait' then return done({'3', I(wait)}) end
+return done({'2'})

@@ -393,6 +393,26 @@ local function grant(req, doms, lim, now)
   redis.call('PEXPIRE', P .. 'lref', IDLE)
 end
 
+-- decide is the one admission decision for a queued waiter that heads all
+-- its queues, made on its own call (acquire) or on its behalf (try_grant):
+-- it keeps the memory line to the waiters lacking memory, and grants when
+-- everything fits. Returns 'granted', 'wait' and the wait in us (the rate
+-- or a pause), or 'blocked' (a ceiling or memory). Mirrors memStore.attempt.
+local function decide(req, doms, lim, now, ticket)
+  local slot, memb, wait = check(req, doms, lim, now, ticket)
+  if memb then
+    redis.call('ZADD', P .. 'memq', I(ticket), req.id)
+    redis.call('PEXPIRE', P .. 'memq', IDLE)
+  else
+    memq_remove(req.id)
+  end
+  if slot or memb then return 'blocked', 0 end
+  if wait > 0 then return 'wait', wait end
+  grant(req, doms, lim, now)
+  remove_waiter(req.id)
+  return 'granted', 0
+end
+
 -- try_grant admits queued waiter wid on its stored request if it heads all
 -- its queues and fits now, and tells it so. Returns 'granted', 'wait' (held back by the rate or a pause),
 -- 'blocked' (a ceiling or memory), 'no' (not a head of every queue, or
@@ -416,16 +436,8 @@ local function try_grant(wid, now)
   end
   local doms = {}
   for i, e in ipairs(req.encs) do doms[i] = dload(e) end
-  local ticket = tonumber(v[8])
-  local slot, memb, wait = check(req, doms, lim, now, ticket)
-  if memb then
-    redis.call('ZADD', P .. 'memq', I(ticket), wid)
-    redis.call('PEXPIRE', P .. 'memq', IDLE)
-  end
-  if slot or memb then return 'blocked' end
-  if wait > 0 then return 'wait' end
-  grant(req, doms, lim, now)
-  remove_waiter(wid)
+  local r = decide(req, doms, lim, now, tonumber(v[8]))
+  if r ~= 'granted' then return r end
   -- The message carries the grant: the waiter need not call to learn it
   -- (if the message is lost, its next call finds the lease).
   redis.call(PUB, P .. 'wake:' .. req.ch, 'granted ' .. wid)
