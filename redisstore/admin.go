@@ -63,10 +63,7 @@ func (a *Admin) run(ctx context.Context, name, op string, pick func(*scriptSet) 
 		return nil, err
 	}
 	sc := pick(set)
-	args := append([]any{"PUBLISH", ms(adminIdle)}, own...)
-	if _, ok := a.client.(*redis.ClusterClient); ok {
-		args[0] = "SPUBLISH"
-	}
+	args := append([]any{pubCommand(a.client), ms(adminIdle)}, own...)
 	res, err := sc.Run(ctx, a.client, []string{keyPrefix(name) + "cfg"}, args...).StringSlice()
 	if err != nil {
 		if ctx.Err() != nil {
@@ -291,11 +288,8 @@ func (a *Admin) ReplaceLimits(ctx context.Context, name string, l budget.Limits)
 	if err != nil {
 		return err
 	}
-	s := &Store{client: a.client, sc: set, name: name, prefix: keyPrefix(name), idle: adminIdle, ttl: DefaultLeaseTTL, pubCmd: "PUBLISH"}
-	if _, ok := a.client.(*redis.ClusterClient); ok {
-		s.pubCmd = "SPUBLISH"
-	}
-	s.keys = []string{s.prefix + "cfg"}
+	s := baseStore(a.client, name)
+	s.sc, s.idle = set, adminIdle
 	return s.Register(ctx, nl, true)
 }
 

@@ -161,15 +161,7 @@ func New(client redis.UniversalClient, name string, opts ...Option) (*Store, err
 	if err := checkClient(client); err != nil {
 		return nil, err
 	}
-	s := &Store{
-		client: client,
-		name:   name,
-		prefix: keyPrefix(name),
-		ttl:    DefaultLeaseTTL,
-		pubCmd: "PUBLISH",
-		wakes:  make(map[string]*waiting),
-		leases: make(map[string]*heldLease),
-	}
+	s := baseStore(client, name)
 	for _, o := range opts {
 		o(s)
 	}
@@ -179,7 +171,6 @@ func New(client redis.UniversalClient, name string, opts ...Option) (*Store, err
 	// Idle keys outlive any lease by far, so the reclaim step (run by every
 	// script) always gets to an expired lease before its keys could expire.
 	s.idle = max(20*s.ttl, 5*time.Minute)
-	s.keys = []string{s.prefix + "cfg"}
 	s.channel = uuid.NewString()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -192,10 +183,7 @@ func New(client redis.UniversalClient, name string, opts ...Option) (*Store, err
 		return nil, err
 	}
 	wakeChannel := s.prefix + "wake:" + s.channel
-	if _, ok := client.(*redis.ClusterClient); ok {
-		// Sharded pub/sub stays on the shard that owns the budget's slot,
-		// instead of being broadcast to every node of the cluster.
-		s.pubCmd = "SPUBLISH"
+	if s.pubCmd == "SPUBLISH" {
 		s.sub = client.SSubscribe(ctx, wakeChannel)
 	} else {
 		s.sub = client.Subscribe(ctx, wakeChannel)
@@ -207,6 +195,33 @@ func New(client redis.UniversalClient, name string, opts ...Option) (*Store, err
 	s.subDone = make(chan struct{})
 	go s.dispatch(s.sub.Channel())
 	return s, nil
+}
+
+// baseStore returns what every Store of budget name on client shares: its
+// keys, its publish command and its maps. New adds the rest; operator
+// commands use it bare.
+func baseStore(client redis.UniversalClient, name string) *Store {
+	prefix := keyPrefix(name)
+	return &Store{
+		client: client,
+		name:   name,
+		prefix: prefix,
+		keys:   []string{prefix + "cfg"},
+		ttl:    DefaultLeaseTTL,
+		pubCmd: pubCommand(client),
+		wakes:  make(map[string]*waiting),
+		leases: make(map[string]*heldLease),
+	}
+}
+
+// pubCommand is what scripts publish wake events with: on a Cluster,
+// sharded pub/sub keeps the message on the shard that owns the budget's
+// slot instead of broadcasting it to every node.
+func pubCommand(c redis.UniversalClient) string {
+	if _, ok := c.(*redis.ClusterClient); ok {
+		return "SPUBLISH"
+	}
+	return "PUBLISH"
 }
 
 // checkClient refuses clients whose calls would not honor a context's
