@@ -403,7 +403,7 @@ local function decide(req, doms, lim, now, ticket)
   if memb then
     redis.call('ZADD', P .. 'memq', I(ticket), req.id)
     redis.call('PEXPIRE', P .. 'memq', IDLE)
-  else
+  elseif req.mem > 0 then -- a request without memory is never in the line
     memq_remove(req.id)
   end
   if slot or memb then return 'blocked', 0 end
