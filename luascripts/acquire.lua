@@ -10,7 +10,10 @@
 -- ARGV[7]  1 if the request opens a body, else 0
 -- ARGV[8]  consumer (diagnostics)
 -- ARGV[9]  lease and waiter TTL, ms
--- ARGV[10] number of domains n, then ARGV[11..10+n] domain encodings
+-- ARGV[10] 1 if this is the first call ever sent for this id, else 0: a
+--          first call cannot find a lease or a waiter of its own, and
+--          skips looking for them
+-- ARGV[11] number of domains n, then ARGV[12..11+n] domain encodings
 --          (sorted, distinct)
 -- Returns:
 --   {"1", age_us}      granted; age_us is how long ago (0 now; more when an
@@ -30,25 +33,25 @@ local mem = int(ARGV[6], 'memory', 0, 9007199254740991)
 local body = int(ARGV[7], 'body flag', 0, 1)
 local consumer = ARGV[8]
 local ttl = int(ARGV[9], 'lease ttl', 1, 86400000) * 1000
-local n = int(ARGV[10], 'domain count', 1, 10000)
-if #ARGV ~= 10 + n then bad('domain count does not match the arguments') end
+local first = int(ARGV[10], 'first-call flag', 0, 1)
+local n = int(ARGV[11], 'domain count', 1, 10000)
+if #ARGV ~= 11 + n then bad('domain count does not match the arguments') end
 local encs = {}
-for i = 1, n do encs[i] = enc_arg(ARGV[10 + i]) end
+for i = 1, n do encs[i] = enc_arg(ARGV[11 + i]) end
 local req = {id = id, encs = encs, class = class, mem = mem, body = body, consumer = consumer, ch = ch, ttl = ttl}
 
 local now = clock()
 local lim = lims()
 if not lim then return {'-2'} end
-touch_cfg()
+touch_cfg(now)
 reclaim(now)
 -- After a state loss, counts are not trusted until every live holder has
 -- had one TTL to re-assert its leases.
-local qu = tonumber(redis.call('HGET', CFG, 'qu'))
-if qu and now < qu then
-  return done({'3', I(qu - now)})
+if now < lim.qu then
+  return done({'3', I(lim.qu - now)})
 end
 
-local granted_at = redis.call('HGET', P .. 'l:' .. id, 'g')
+local granted_at = first == 0 and redis.call('HGET', P .. 'l:' .. id, 'g')
 if granted_at then
   -- A retried call, or a handoff: the grant stands, and is not made twice.
   return done({'1', I(math.max(0, now - tonumber(granted_at)))})
@@ -62,7 +65,7 @@ end
 local doms = {}
 for i, e in ipairs(encs) do doms[i] = dload(e) end
 
-local ticket = tonumber(redis.call('HGET', wk, 't'))
+local ticket = first == 0 and tonumber(redis.call('HGET', wk, 't'))
 if not ticket then
   -- First call: with nobody ahead anywhere, admit without queueing.
   local empty = true
@@ -85,7 +88,7 @@ if not ticket then
     'cs', consumer, 'c', I(class), 'm', I(mem), 'b', I(body), 'at', I(now), 'ttl', I(ttl))
 end
 -- Every call is also the waiter's liveness beat.
-redis.call('ZADD', P .. 'wexp', I(now + ttl), id)
+deadline(P .. 'wexp', now + ttl, id)
 redis.call('PEXPIRE', P .. 'wexp', IDLE)
 redis.call('PEXPIRE', wk, IDLE)
 

@@ -10,7 +10,7 @@
 
 local id = id_arg(ARGV[3], 'waiter id')
 local now = clock()
-if redis.call('EXISTS', CFG) == 1 then touch_cfg() end
+touch_cfg(now)
 reclaim(now)
 remove_waiter(id)
 retire(id, 1, 1, 1)

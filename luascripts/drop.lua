@@ -14,7 +14,7 @@ local all = int(ARGV[4], 'all flag', 0, 1)
 local now = clock()
 local lim = lims()
 if not lim then return {'-2'} end
-touch_cfg()
+touch_cfg(now)
 reclaim(now)
 local n = 0
 for _, lid in ipairs(redis.call('ZRANGE', P .. 'lexp', 0, -1)) do

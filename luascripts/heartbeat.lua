@@ -7,29 +7,32 @@
 -- ARGV[4]  number of lease ids n, then ARGV[5..4+n] the ids
 -- ARGV[5+n] number of domain encodings m, then the encodings the leases use
 --          (their hashes must outlive the leases that count in them)
--- ARGV[6+n+m] the epoch this host knows
+-- ARGV[6+n+m] number of lease ids k whose hashes need their idle TTL
+--          renewed, then those ids (the host tracks when it last had each
+--          renewed: hashes are renewed rarely, not every beat)
+-- ARGV[7+n+m+k] the epoch this host knows
 -- Returns {"-2"} when the budget's config is gone, {"-3", epoch} when the
 -- epoch differs (the host must re-assert its leases first), else {"1", ids
 -- no longer held (released, reclaimed or expired)...}. An expired lease is
 -- reclaimed here rather than renewed: renewal never brings a lease back.
 --
 -- Cost: per 1000 leases one ZMSCORE and one ZADD XX, instead of commands per
--- lease. Lease hashes get their idle TTL refreshed only when half of it is
--- spent (the lref zset records when each was last refreshed).
+-- lease, plus one PEXPIRE per lease hash the host asks to renew.
 
 local ttl = int(ARGV[3], 'lease ttl', 1, 86400000) * 1000
 local n = int(ARGV[4], 'lease count', 0, 1000000)
 local m = int(ARGV[5 + n], 'domain count', 0, 1000000)
-if #ARGV ~= 6 + n + m then bad('counts do not match the arguments') end
+local k = int(ARGV[6 + n + m] or '', 'renewal count', 0, 1000000)
+if #ARGV ~= 7 + n + m + k then bad('counts do not match the arguments') end
 for i = 5, 4 + n do id_arg(ARGV[i], 'lease id') end
-local known = ARGV[6 + n + m]
+local known = ARGV[7 + n + m + k]
 
 local now = clock()
 local epoch = redis.call('HGET', CFG, 'epoch')
 if not epoch then return {'-2'} end
 if restarted() then epoch = new_epoch(now, ttl) end
 if epoch ~= known then return {'-3', epoch} end
-touch_cfg()
+touch_cfg(now)
 reclaim(now)
 local lexp = P .. 'lexp'
 local exp = I(now + ttl)
@@ -56,17 +59,18 @@ for first = 5, 4 + n, CHUNK do
   end
   if #renew > 0 then redis.call('ZADD', lexp, 'XX', unpack(renew)) end
 end
-if n > 0 then redis.call('PEXPIRE', lexp, IDLE) end
-
-local lref = P .. 'lref'
-for _, lid in ipairs(redis.call('ZRANGEBYSCORE', lref, '-inf', I(now - IDLE * 500), 'LIMIT', 0, CHUNK)) do
-  if redis.call('PEXPIRE', P .. 'l:' .. lid, IDLE) == 1 then
-    redis.call('ZADD', lref, I(now), lid)
-  else
-    redis.call('ZREM', lref, lid)
+if n > 0 then
+  redis.call('PEXPIRE', lexp, IDLE)
+  -- A renewal with a shorter TTL than before can move a deadline earlier.
+  local lim = lims()
+  if lim and now + ttl < lim.rc then
+    lim.rc = now + ttl
+    redis.call('HSET', CFG, 'rc', I(lim.rc))
   end
 end
-redis.call('PEXPIRE', lref, IDLE)
+for i = 7 + n + m, 6 + n + m + k do
+  redis.call('PEXPIRE', P .. 'l:' .. id_arg(ARGV[i], 'lease id'), IDLE)
+end
 for i = 6 + n, 5 + n + m do
   local dk = P .. 'd:' .. enc_arg(ARGV[i])
   if redis.call('PTTL', dk) < IDLE / 2 then redis.call('PEXPIRE', dk, IDLE) end

@@ -15,16 +15,26 @@
 -- Key layout under the prefix P:
 --   cfg          hash: limits (json, rps, burst, c0..c3, bodies, mem),
 --                memheld, seq (arrival tickets), epoch, qu (quarantine end
---                after a state loss), rid (the Redis run_id that wrote it)
---   d:<enc>      hash: one domain's counts, bucket, throttle and start rate
+--                after a state loss), rid (the Redis run_id that wrote it),
+--                rx (when its TTL runs out, us), rc (a time no later than
+--                the earliest deadline in lexp and wexp: when reclaim is due)
+--   d:<enc>      hash: one domain's counts, bucket, throttle and start rate,
+--                rx (when its TTL runs out, us); zero fields may be absent
 --   q:<enc>      zset: waiters of a domain, scored by arrival ticket
---   doms         zset: domain encodings, scored by last use (for Usage)
+--   doms         zset: domain encodings, scored by when their TTL was last
+--                set (for Usage)
 --   w:<id>       hash: a waiter (ticket, domains, process channel, flags)
 --   wexp         zset: waiter id -> liveness deadline (us)
 --   l:<id>       hash: a lease (domains, class, memory, parts held)
 --   lexp         zset: lease id -> expiry (us)
---   lref         zset: lease id -> when its hash's idle TTL was last set (us)
 --   memq         zset: waiters blocked on memory, scored by ticket
+--
+-- Cost matters: on a loaded machine every command inside a script costs a
+-- microsecond or more, and every string formatted or table built a fraction
+-- of one, on every admission. So TTLs of the config and domain hashes are
+-- renewed only when half spent (their rx field says when they run out),
+-- reclaim scans only when a deadline may have passed (rc), and a domain
+-- hash gets only its changed fields written back.
 --   wake:<proc>  pub/sub channel of one process; messages are waiter ids
 -- <enc> is "<version>.<hex of the ID bytes>", injective and free of braces.
 
@@ -107,7 +117,8 @@ local MIN_BASE = 1.0
 local CUBIC_C = (1 - BETA) / (RECOVERY * RECOVERY * RECOVERY)
 
 local function limits()
-  local v = redis.call('HMGET', CFG, 'rps', 'burst', 'c0', 'c1', 'c2', 'c3', 'bodies', 'mem', 'memheld')
+  local v = redis.call('HMGET', CFG, 'rps', 'burst', 'c0', 'c1', 'c2', 'c3', 'bodies', 'mem', 'memheld',
+    'qu', 'rx', 'rc')
   if not v[1] then
     return nil
   end
@@ -115,6 +126,7 @@ local function limits()
     rps = tonumber(v[1]), burst = tonumber(v[2]),
     caps = {tonumber(v[3]), tonumber(v[4]), tonumber(v[5]), tonumber(v[6])},
     bodies = tonumber(v[7]), mem = tonumber(v[8]), memheld = tonumber(v[9]) or 0,
+    qu = tonumber(v[10]) or 0, rx = tonumber(v[11]) or 0, rc = tonumber(v[12]) or 0,
   }
 end
 
@@ -126,14 +138,30 @@ local function lims()
   return LIM or nil
 end
 
-local DF = {'f0', 'f1', 'f2', 'f3', 'b', 'bk', 'tk', 'ta', 'th', 'wm', 'da', 'bs', 'pu', 'ss', 'sa', 'fs'}
+-- A domain's fields. CORE is read on every load; EXTRA (the throttle's
+-- memory and the measured start rate) only where it can matter: on a
+-- throttled domain, or one without a rate ceiling.
+local CORE = {'f0', 'f1', 'f2', 'f3', 'b', 'bk', 'tk', 'ta', 'th', 'pu', 'rx'}
+local EXTRA = {'wm', 'da', 'bs', 'ss', 'sa', 'fs'}
+local FLOAT = {tk = true, wm = true, bs = true, ss = true}
 
+-- Loads a domain as numbers (absent fields are 0). d.o and d.x keep what
+-- was read, so dsave writes back only what changed.
 local function dload(enc)
   local key = P .. 'd:' .. enc
-  local v = redis.call('HMGET', key, unpack(DF))
-  local d = {enc = enc, key = key, q = P .. 'q:' .. enc}
-  for i, f in ipairs(DF) do
-    d[f] = tonumber(v[i]) or 0
+  local v = redis.call('HMGET', key, unpack(CORE))
+  for i = 1, #CORE do v[i] = tonumber(v[i]) or 0 end
+  local d = {enc = enc, key = key, q = P .. 'q:' .. enc, o = v, x = false,
+    f0 = v[1], f1 = v[2], f2 = v[3], f3 = v[4], b = v[5], bk = v[6], tk = v[7], ta = v[8], th = v[9],
+    pu = v[10], rx = v[11], wm = 0, da = 0, bs = 0, ss = 0, sa = 0, fs = 0}
+  local lim = lims()
+  if d.th == 1 or not lim or lim.rps == 0 then
+    local e = redis.call('HMGET', key, unpack(EXTRA))
+    for i = 1, #EXTRA do
+      e[i] = tonumber(e[i]) or 0
+      d[EXTRA[i]] = e[i]
+    end
+    d.x = e
   end
   return d
 end
@@ -200,31 +228,71 @@ local function measured(d, now)
   return decay(d.ss, (now - d.sa) / 1000000) / (1 - math.exp(-age / TAU))
 end
 
--- Writes a domain back, with a TTL long enough for its bucket to refill and
--- its pause and start history to run out, so an expired domain is exactly a
--- fresh one.
+local function put(out, f, x)
+  out[#out + 1] = f
+  out[#out + 1] = FLOAT[f] and F(x) or I(x)
+end
+
+-- Writes back the fields of a domain that changed since dload. Its TTL must
+-- let its bucket refill and its pause and start history run out, so that an
+-- expired domain is exactly a fresh one (a hard need), and should reach an
+-- idle period past its last use: it is renewed when the hard need is not
+-- met or when less than half an idle period is left.
 local function dsave(d, now, lim)
-  redis.call('HSET', d.key,
-    'f0', I(d.f0), 'f1', I(d.f1), 'f2', I(d.f2), 'f3', I(d.f3), 'b', I(d.b),
-    'bk', I(d.bk), 'tk', F(d.tk), 'ta', I(d.ta), 'th', I(d.th), 'wm', F(d.wm),
-    'da', I(d.da), 'bs', F(d.bs), 'pu', I(d.pu), 'ss', F(d.ss), 'sa', I(d.sa), 'fs', I(d.fs))
-  local ttl = IDLE
+  local out = {}
+  for i = 1, #CORE - 1 do
+    local f = CORE[i]
+    if d[f] ~= d.o[i] then put(out, f, d[f]) end
+  end
+  for i = 1, #EXTRA do
+    local f = EXTRA[i]
+    -- Unread extras were irrelevant as stored; a throttle starting on such
+    -- a domain sets them all.
+    if (d.x and d[f] ~= d.x[i]) or (not d.x and (d[f] ~= 0 or d.th == 1)) then put(out, f, d[f]) end
+  end
+  local hard = 0
   if d.bk == 1 then
     local r, burst = rate(d, now, lim)
     if r > 0 and d.tk < burst then
-      ttl = math.max(ttl, math.ceil((burst - d.tk) / r * 1000) + 1000)
+      hard = math.ceil((burst - d.tk) / r * 1000) + 1000
     end
   end
   if d.pu > now then
-    ttl = math.max(ttl, math.ceil((d.pu - now) / 1000) + IDLE)
+    hard = math.max(hard, math.ceil((d.pu - now) / 1000) + IDLE)
   end
-  redis.call('PEXPIRE', d.key, I(ttl))
-  redis.call('ZADD', P .. 'doms', I(now), d.enc)
-  redis.call('PEXPIRE', P .. 'doms', IDLE)
+  local renew = d.rx < now + hard * 1000 or d.rx < now + IDLE * 500
+  local ttl = math.max(IDLE, hard)
+  if renew then
+    d.rx = now + ttl * 1000
+    put(out, 'rx', d.rx)
+  end
+  if #out > 0 then redis.call('HSET', d.key, unpack(out)) end
+  if renew then
+    redis.call('PEXPIRE', d.key, I(ttl))
+    redis.call('ZADD', P .. 'doms', I(now), d.enc)
+    redis.call('PEXPIRE', P .. 'doms', IDLE)
+  end
 end
 
-local function touch_cfg()
-  redis.call('PEXPIRE', CFG, IDLE)
+-- Renews the config hash's TTL when half of it is spent.
+local function touch_cfg(now)
+  local lim = lims()
+  if lim and lim.rx < now + IDLE * 500 then
+    lim.rx = now + IDLE * 1000
+    redis.call('HSET', CFG, 'rx', I(lim.rx))
+    redis.call('PEXPIRE', CFG, IDLE)
+  end
+end
+
+-- Sets the deadline of id in zset z (lexp or wexp), keeping the config's rc
+-- no later than the earliest deadline, so reclaim runs when one may pass.
+local function deadline(z, at, id)
+  redis.call('ZADD', z, I(at), id)
+  local lim = lims()
+  if lim and at < lim.rc then
+    lim.rc = at
+    redis.call('HSET', CFG, 'rc', I(at))
+  end
 end
 
 local function wake(wid)
@@ -299,10 +367,19 @@ local function retire(lid, r, b, m)
     for enc in string.gmatch(v[1], '%S+') do
       local dk = P .. 'd:' .. enc
       -- A domain hash outlives its leases (heartbeats refresh it), so a
-      -- missing one means the counts went with it: never go negative.
-      if redis.call('EXISTS', dk) == 1 then
-        if dr then redis.call('HINCRBY', dk, 'f' .. c, -1) end
-        if db then redis.call('HINCRBY', dk, 'b', -1) end
+      -- count below zero means the hash went with its counts (a state
+      -- loss): undo, and never leave a key this created without a TTL.
+      local fields = {}
+      if dr then fields[#fields + 1] = 'f' .. c end
+      if db then fields[#fields + 1] = 'b' end
+      for _, f in ipairs(fields) do
+        if redis.call('HINCRBY', dk, f, -1) < 0 then
+          if redis.call('HLEN', dk) == 1 then
+            redis.call('DEL', dk)
+          else
+            redis.call('HSET', dk, f, '0')
+          end
+        end
       end
       local h = head(P .. 'q:' .. enc)
       if h then candidate(h) end
@@ -320,7 +397,6 @@ local function retire(lid, r, b, m)
   if hr == 0 and hb == 0 and hm == 0 then
     redis.call('DEL', lk)
     redis.call('ZREM', P .. 'lexp', lid)
-    redis.call('ZREM', P .. 'lref', lid)
   else
     redis.call('HSET', lk, 'hr', I(hr), 'hb', I(hb), 'hm', I(hm))
   end
@@ -387,10 +463,8 @@ local function grant(req, doms, lim, now)
   redis.call('HSET', lk, 'ds', table.concat(req.encs, ' '), 'c', I(req.class), 'm', I(req.mem),
     'hr', '1', 'hb', I(req.body), 'hm', (req.mem > 0) and '1' or '0', 'cs', req.consumer, 'g', I(now), 'ch', req.ch)
   redis.call('PEXPIRE', lk, I(IDLE))
-  redis.call('ZADD', P .. 'lexp', I(now + req.ttl), req.id)
+  deadline(P .. 'lexp', now + req.ttl, req.id)
   redis.call('PEXPIRE', P .. 'lexp', IDLE)
-  redis.call('ZADD', P .. 'lref', I(now), req.id)
-  redis.call('PEXPIRE', P .. 'lref', IDLE)
 end
 
 -- decide is the one admission decision for a queued waiter that heads all
@@ -417,7 +491,6 @@ end
 -- its queues and fits now, and tells it so. Returns 'granted', 'wait' (held back by the rate or a pause),
 -- 'blocked' (a ceiling or memory), 'no' (not a head of every queue, or
 -- gone), or 'unknown' (a waiter without a stored request: just wake it).
-local QU
 local function try_grant(wid, now)
   local lim = lims()
   local v = redis.call('HMGET', P .. 'w:' .. wid, 'ds', 'c', 'm', 'b', 'cs', 'ch', 'ttl', 't')
@@ -426,8 +499,7 @@ local function try_grant(wid, now)
   -- No grant while the budget is quarantined after a state loss (waiters
   -- can survive a restart from AOF); the waiter learns how long from its
   -- own call, which the quarantine delays.
-  if QU == nil then QU = tonumber(redis.call('HGET', CFG, 'qu')) or 0 end
-  if now < QU then return 'wait' end
+  if now < lim.qu then return 'wait' end
   local req = {id = wid, encs = {}, class = tonumber(v[2]), mem = tonumber(v[3]), body = tonumber(v[4]),
     consumer = v[5] or '', ch = v[6], ttl = tonumber(v[7])}
   for e in string.gmatch(v[1], '%S+') do
@@ -468,17 +540,33 @@ local function done(result)
 end
 
 -- Reclaims, in bounded work, leases and waiters whose holders stopped
--- renewing them. Every script runs it, so no daemon is needed.
+-- renewing them. Every script runs it, so no daemon is needed; it scans
+-- only once the config's rc is reached (a deadline may have passed), and
+-- then sets rc to the earliest deadline left. Renewals only push deadlines
+-- later, so rc stays a lower bound between scans.
 local RECLAIM = 16
 local function reclaim(now)
-  local ids = redis.call('ZRANGEBYSCORE', P .. 'lexp', '-inf', I(now), 'LIMIT', 0, RECLAIM)
+  local lim = lims()
+  if lim and now < lim.rc then return end
+  local lexp, wexp = P .. 'lexp', P .. 'wexp'
+  local ids = redis.call('ZRANGEBYSCORE', lexp, '-inf', I(now), 'LIMIT', 0, RECLAIM)
   for _, lid in ipairs(ids) do
     retire(lid, 1, 1, 1)
-    redis.call('ZREM', P .. 'lexp', lid)
+    redis.call('ZREM', lexp, lid)
   end
-  ids = redis.call('ZRANGEBYSCORE', P .. 'wexp', '-inf', I(now), 'LIMIT', 0, RECLAIM)
+  ids = redis.call('ZRANGEBYSCORE', wexp, '-inf', I(now), 'LIMIT', 0, RECLAIM)
   for _, wid in ipairs(ids) do
     remove_waiter(wid)
+  end
+  if lim then
+    -- With a full batch, the head is still due and the next script goes on.
+    local rc = now + IDLE * 1000
+    for _, z in ipairs({lexp, wexp}) do
+      local h = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+      if h[2] then rc = math.min(rc, tonumber(h[2])) end
+    end
+    lim.rc = rc
+    redis.call('HSET', CFG, 'rc', I(rc))
   end
 end
 
@@ -503,5 +591,6 @@ end
 -- grant trusts the counts.
 local function new_epoch(now, quarantine_us)
   redis.call('HSET', CFG, 'epoch', I(now), 'qu', I(now + quarantine_us))
+  if LIM then LIM.qu = now + quarantine_us end
   return I(now)
 end

@@ -18,12 +18,14 @@ local n = int(ARGV[4], 'lease count', 0, 1000000)
 local now = clock()
 local lim = lims()
 if not lim then return {'-2'} end
-touch_cfg()
+touch_cfg(now)
 -- The host saw the epoch change under it. If the budget was re-created by
 -- a host that could not know of the loss (it joined after it), nothing is
 -- quarantined yet: hold new grants until this host's holders are back.
-local qu = tonumber(redis.call('HGET', CFG, 'qu')) or 0
-if qu < now + ttl then redis.call('HSET', CFG, 'qu', I(now + ttl)) end
+if lim.qu < now + ttl then
+  lim.qu = now + ttl
+  redis.call('HSET', CFG, 'qu', I(lim.qu))
+end
 local i, put = 5, 0
 for _ = 1, n do
   local id = id_arg(ARGV[i], 'lease id')
@@ -48,11 +50,9 @@ for _ = 1, n do
     redis.call('HSET', lk, 'ds', table.concat(encs, ' '), 'c', I(class), 'm', I(mem),
       'hr', I(hr), 'hb', I(hb), 'hm', I(hm), 'cs', consumer, 'g', I(now), 'ch', 'reasserted')
     redis.call('PEXPIRE', lk, I(IDLE))
-    redis.call('ZADD', P .. 'lexp', I(now + ttl), id)
-    redis.call('ZADD', P .. 'lref', I(now), id)
+    deadline(P .. 'lexp', now + ttl, id)
     put = put + 1
   end
 end
 redis.call('PEXPIRE', P .. 'lexp', IDLE)
-redis.call('PEXPIRE', P .. 'lref', IDLE)
 return {I(put)}

@@ -34,7 +34,7 @@ local renew = int(ARGV[15], 'new epoch flag', 0, 1)
 local now = clock()
 local stored = redis.call('HGET', CFG, 'json')
 if stored and stored ~= json and replace == 0 then
-  touch_cfg()
+  touch_cfg(now)
   return {'-3', stored}
 end
 redis.call('HSET', CFG, 'json', json, 'rps', ARGV[4], 'burst', I(burst),
@@ -52,7 +52,7 @@ end
 redis.call('HSETNX', CFG, 'epoch', I(now))
 redis.call('HSETNX', CFG, 'seq', 0)
 redis.call('HSETNX', CFG, 'memheld', 0)
-touch_cfg()
+touch_cfg(now)
 reclaim(now)
 if stored and stored ~= json then
   -- New ceilings may let waiters move: wake every queue's head and the

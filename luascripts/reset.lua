@@ -13,7 +13,7 @@ local enc = enc_arg(ARGV[3])
 local now = clock()
 local lim = lims()
 if not lim then return {'-2'} end
-touch_cfg()
+touch_cfg(now)
 reclaim(now)
 if redis.call('EXISTS', P .. 'd:' .. enc) == 0 then return {'0'} end
 local d = dload(enc)

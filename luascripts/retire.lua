@@ -11,7 +11,7 @@
 local id = id_arg(ARGV[3], 'lease id')
 local parts = int(ARGV[4], 'parts', 1, 7)
 local now = clock()
-if redis.call('EXISTS', CFG) == 1 then touch_cfg() end
+touch_cfg(now)
 reclaim(now)
 retire(id, parts % 2, math.floor(parts / 2) % 2, math.floor(parts / 4) % 2)
 return done({'1'})

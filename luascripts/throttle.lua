@@ -17,7 +17,7 @@ local now = clock()
 local lim = lims()
 if not lim then return {'-2'} end
 if restarted() then new_epoch(now, int(ARGV[5], 'quarantine', 0, 86400000) * 1000) end
-touch_cfg()
+touch_cfg(now)
 reclaim(now)
 
 local d = dload(enc)

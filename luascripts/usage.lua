@@ -10,7 +10,7 @@
 local now = clock()
 local lim = lims()
 if not lim then return {'-2'} end
-touch_cfg()
+touch_cfg(now)
 reclaim(now)
 local out = {I(lim.memheld), I(redis.call('ZCARD', P .. 'wexp'))}
 local doms = P .. 'doms'

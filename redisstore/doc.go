@@ -28,9 +28,16 @@
 // and a waiter's own calls, at least once per TTL/3, are its liveness beat.
 // Every script first reclaims up to 16 expired leases and 16 expired
 // waiters, oldest first: no daemon is needed, and no call does unbounded
-// work. Keys expire after max(20 x TTL, 5 min) without use, so an idle
-// budget leaves nothing behind; a domain's key lives at least until its
-// bucket is full again, so an expired domain is exactly a fresh one.
+// work. The budget's config keeps a time no later than the earliest of
+// those deadlines (every new deadline can only move it earlier), so a
+// script scans only when something may have expired, not on every call.
+// Keys expire after max(20 x TTL, 5 min) without use, so an idle budget
+// leaves nothing behind; a domain's key lives at least until its bucket is
+// full again, so an expired domain is exactly a fresh one. Idle TTLs are
+// renewed when half spent rather than on every touch, and a lease's hash
+// when its holder's heartbeat asks (once a quarter of it has passed): on a
+// loaded machine each command inside a script costs a microsecond or more,
+// and these renewals were half of an uncontended admission's commands.
 //
 // # Wake events
 //

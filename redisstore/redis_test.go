@@ -507,7 +507,7 @@ func TestScriptArgumentsValidated(t *testing.T) {
 	src := luascripts.Source("acquire")
 	for _, bad := range []string{"nan", "inf", "-inf", "0x10", " 1", "1e3", "", "1.5"} {
 		for _, pos := range []int{5, 6, 9} { // class, memory, ttl
-			args := []any{"PUBLISH", "60000", "w1", "proc", "2", "0", "0", "c", "1000", "1", "1.61"}
+			args := []any{"PUBLISH", "60000", "w1", "proc", "2", "0", "0", "c", "1000", "1", "1", "1.61"}
 			args[pos-1] = bad
 			err := c.Eval(context.Background(), src, []string{cfg}, args...).Err()
 			if err == nil || !strings.Contains(err.Error(), "RBINVAL") {

@@ -137,6 +137,10 @@ type heldLease struct {
 	mem      int64
 	consumer string
 	held     lease.Parts
+	// renewed is no later than when Redis last set the idle TTL of the
+	// lease's hash: heartbeats ask for a renewal once a quarter of it is
+	// spent, rather than renewing every hash on every beat.
+	renewed time.Time
 }
 
 var _ budget.Store = (*Store)(nil)
@@ -485,26 +489,36 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		// which can only be early, never late. A lost message falls back to
 		// the waiter's next call, which finds the lease.
 		delete(s.wakes, id)
-		s.leases[id] = &heldLease{encs: encs, class: req.Class.Index(), mem: req.MemoryBytes, consumer: req.Consumer, held: req.Parts()}
+		s.leases[id] = &heldLease{encs: encs, class: req.Class.Index(), mem: req.MemoryBytes, consumer: req.Consumer, held: req.Parts(), renewed: w.lastCall}
 		s.mu.Unlock()
 		return budget.Attempt{Outcome: budget.Granted, GrantedAgo: time.Since(w.lastCall)}, nil
 	}
+	first := 0
 	if w == nil {
+		// No call was ever sent for this id: the script need not look for
+		// a lease or a waiter of it.
+		first = 1
 		w = &waiting{wake: make(chan struct{}, 1)}
 		s.wakes[id] = w
 	}
 	w.lastCall = time.Now()
+	sent := w.lastCall
 	wake := w.wake
 	s.mu.Unlock()
 	body := 0
 	if req.OpensBody {
 		body = 1
 	}
-	args := s.args(id, s.channel, req.Class.Index(), req.MemoryBytes, body, req.Consumer, ms(s.ttl), len(encs))
+	args := s.args(id, s.channel, req.Class.Index(), req.MemoryBytes, body, req.Consumer, ms(s.ttl), first)
+	firstArg := len(args) - 1
+	args = append(args, len(encs))
 	for _, e := range encs {
 		args = append(args, e)
 	}
-	for range 2 {
+	for try := range 2 {
+		if try > 0 {
+			args[firstArg] = 0 // the first call went out: no longer a first call
+		}
 		res, err := s.run(ctx, "acquire", s.sc.acquire, args...)
 		if err != nil {
 			return budget.Attempt{}, err
@@ -521,7 +535,7 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 			}
 			s.unwatch(id)
 			s.mu.Lock()
-			s.leases[id] = &heldLease{encs: encs, class: req.Class.Index(), mem: req.MemoryBytes, consumer: req.Consumer, held: req.Parts()}
+			s.leases[id] = &heldLease{encs: encs, class: req.Class.Index(), mem: req.MemoryBytes, consumer: req.Consumer, held: req.Parts(), renewed: sent.Add(-ago)}
 			s.mu.Unlock()
 			return budget.Attempt{Outcome: budget.Granted, GrantedAgo: ago}, nil
 		case "2":
@@ -592,10 +606,14 @@ func (s *Store) Retire(ctx context.Context, id string, parts lease.Parts) error 
 // lease and keeps the hashes of their domains alive.
 func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
 	seen := make(map[string]struct{})
-	var encs []string
+	var encs, renew []string
+	start := time.Now()
 	s.mu.Lock()
 	for _, id := range ids {
 		if h := s.leases[id]; h != nil {
+			if start.Sub(h.renewed) > s.idle/4 {
+				renew = append(renew, id)
+			}
 			for _, e := range h.encs {
 				if _, ok := seen[e]; !ok {
 					seen[e] = struct{}{}
@@ -617,6 +635,10 @@ func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
 		args = append(args, len(encs))
 		for _, e := range encs {
 			args = append(args, e)
+		}
+		args = append(args, len(renew))
+		for _, id := range renew {
+			args = append(args, id)
 		}
 		args = append(args, epoch)
 		res, err := s.run(ctx, "heartbeat", s.sc.heartbeat, args...)
@@ -642,13 +664,16 @@ func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
 			return nil, err
 		}
 	}
-	if len(missing) > 0 {
-		s.mu.Lock()
-		for _, id := range missing {
-			delete(s.leases, id)
+	s.mu.Lock()
+	for _, id := range renew {
+		if h := s.leases[id]; h != nil {
+			h.renewed = start
 		}
-		s.mu.Unlock()
 	}
+	for _, id := range missing {
+		delete(s.leases, id)
+	}
+	s.mu.Unlock()
 	return missing, nil
 }
 

@@ -1,0 +1,16 @@
+package redisstore
+
+import "time"
+
+// AgeRenewals makes every lease held through s look as if its hash's idle
+// TTL had been set d earlier, as it would after a long hold.
+func AgeRenewals(s *Store, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, h := range s.leases {
+		h.renewed = h.renewed.Add(-d)
+	}
+}
+
+// IdleTTL is how long s's keys live untouched.
+func IdleTTL(s *Store) time.Duration { return s.idle }

@@ -1,0 +1,150 @@
+package redisstore_test
+
+import (
+	"context"
+	"encoding/hex"
+	"testing"
+	"time"
+
+	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/internal/redistest"
+	"github.com/runbudget/runbudget/lease"
+	"github.com/runbudget/runbudget/redisstore"
+)
+
+// The scripts skip work that is not due: reclaim scans only once the
+// earliest deadline may have passed, idle TTLs are renewed when half spent,
+// lease hashes when their holder asks. These tests hold each shortcut to
+// what it must still guarantee, on real Redis.
+
+// TestShortTTLHolderReclaimedOnTime: a host with a long lease TTL sets the
+// point where reclaim is next due far ahead; a host with a short TTL that
+// then crashes must still have its slot back soon after its own TTL, at the
+// next script anyone runs, so its grant must move that point earlier.
+func TestShortTTLHolderReclaimedOnTime(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	live := open(t, c, "shortttl", slots(1), 20*time.Second)
+	a := dom("a")
+	mustAcquire(t, live, get(a)).Release() // reclaim's next point: 20 s ahead
+
+	const ttl = 300 * time.Millisecond
+	dead, err := redisstore.New(c, "shortttl", redisstore.WithLeaseTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close()
+	req, _ := get(a).Normalize()
+	start := time.Now()
+	if att, err := dead.TryAcquire(context.Background(), "short-holder", req); err != nil || att.Outcome != budget.Granted {
+		t.Fatalf("short-TTL holder: %+v %v", att, err)
+	}
+	// Each Usage call runs a script, and every script reclaims what is due.
+	for domainOf(usage(t, live), a).InFlight[budget.OpGet] != 0 {
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("the crashed short-TTL lease still counts after %v (its TTL %v)", time.Since(start), ttl)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	took := time.Since(start)
+	t.Logf("slot back %v after the short-TTL holder's grant (its TTL %v)", took, ttl)
+	if took < ttl {
+		t.Errorf("slot back after %v, before the lease's TTL of %v ran out", took, ttl)
+	}
+	mustAcquire(t, live, get(a)).Release()
+	expectIdle(t, live)
+}
+
+// TestLongHeldLeaseHashRenewed: a lease held for longer than the idle TTL
+// keeps its hash, because heartbeats renew the hash once a quarter of the
+// idle TTL has passed since it was last renewed, and not on every beat.
+func TestLongHeldLeaseHashRenewed(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	s, err := redisstore.New(c, "renew", redisstore.WithLeaseTTL(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Register(ctx, slots(4), false); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := get(dom("a")).Normalize()
+	if att, err := s.TryAcquire(ctx, "long", req); err != nil || att.Outcome != budget.Granted {
+		t.Fatalf("acquire: %+v %v", att, err)
+	}
+	key := "rb:{" + hex.EncodeToString([]byte("renew")) + "}:l:long"
+	idle := redisstore.IdleTTL(s)
+	if ttl := c.PTTL(ctx, key).Val(); ttl < idle-time.Minute || ttl > idle {
+		t.Fatalf("lease hash TTL after the grant: %v, want about %v", ttl, idle)
+	}
+	short := 10 * time.Minute // stands in for a TTL mostly spent
+	c.PExpire(ctx, key, short)
+
+	if missing, err := s.Heartbeat(ctx, []string{"long"}); err != nil || len(missing) != 0 {
+		t.Fatalf("heartbeat: %v %v", missing, err)
+	}
+	if ttl := c.PTTL(ctx, key).Val(); ttl > short {
+		t.Fatalf("a fresh lease's hash was renewed on a beat (TTL %v): renewals should be rare", ttl)
+	}
+
+	redisstore.AgeRenewals(s, idle/4+time.Second)
+	if missing, err := s.Heartbeat(ctx, []string{"long"}); err != nil || len(missing) != 0 {
+		t.Fatalf("heartbeat: %v %v", missing, err)
+	}
+	if ttl := c.PTTL(ctx, key).Val(); ttl < idle-time.Minute {
+		t.Fatalf("lease hash TTL after a renewing beat: %v, want about %v", ttl, idle)
+	}
+	// Renewed now: the next beat leaves it alone again.
+	c.PExpire(ctx, key, short)
+	if _, err := s.Heartbeat(ctx, []string{"long"}); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := c.PTTL(ctx, key).Val(); ttl > short {
+		t.Fatalf("renewed again on the next beat (TTL %v)", ttl)
+	}
+	if err := s.Retire(ctx, "long", lease.All); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRetireAfterDomainHashLost: a retirement whose domain hash is gone
+// (Redis lost it) neither drives a count below zero nor leaves behind a key
+// without a TTL.
+func TestRetireAfterDomainHashLost(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	b := open(t, c, "lostdom", budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 2}, OpenBodies: 2}, time.Minute)
+	a, other := dom("a"), dom("b")
+	l := mustAcquire(t, b, budget.Request{Domains: []budget.Domain{a, other}, Class: budget.OpGet, OpensBody: true})
+	keep := mustAcquire(t, b, get(other))
+	prefix := "rb:{" + hex.EncodeToString([]byte("lostdom")) + "}:"
+	var lost string
+	for _, k := range budgetKeys(t, c, "lostdom") {
+		if len(k) > len(prefix)+2 && k[len(prefix):len(prefix)+2] == "d:" && c.HGet(ctx, k, "b").Val() == "1" &&
+			c.HGet(ctx, k, "f2").Val() == "1" {
+			lost = k // domain a: one request, one body
+		}
+	}
+	if lost == "" {
+		t.Fatal("domain a's hash not found")
+	}
+	c.Del(ctx, lost)
+	l.Release()
+	if n := c.Exists(ctx, lost).Val(); n != 0 {
+		t.Errorf("retire recreated the lost domain hash %q: %v", lost, c.HGetAll(ctx, lost).Val())
+	}
+	for _, k := range budgetKeys(t, c, "lostdom") {
+		if ttl := c.PTTL(ctx, k).Val(); ttl <= 0 {
+			t.Errorf("key %q has no TTL (%v)", k, ttl)
+		}
+	}
+	u := usage(t, b)
+	if got := domainOf(u, other).InFlight[budget.OpGet]; got != 1 {
+		t.Errorf("domain b in flight %d, want 1 (the kept lease)", got)
+	}
+	keep.Release()
+	expectIdle(t, b)
+}
