@@ -13,9 +13,11 @@ import (
 	"github.com/runbudget/runbudget/luascripts"
 )
 
-// beatWatch is a go-redis hook that times the heartbeat script's calls.
+// beatWatch is a go-redis hook that times the heartbeat script's calls,
+// sent by EVALSHA (sha) or FCALL (fn).
 type beatWatch struct {
 	sha  string
+	fn   string
 	mu   sync.Mutex
 	took []time.Duration
 	done chan struct{} // receives after each heartbeat call
@@ -28,7 +30,7 @@ func (h *beatWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 func (h *beatWatch) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		args := cmd.Args()
-		if len(args) < 2 || args[1] != h.sha {
+		if len(args) < 2 || (args[1] != h.sha && args[1] != h.fn) {
 			return next(ctx, cmd)
 		}
 		t0 := time.Now()
@@ -60,7 +62,8 @@ func (h *beatWatch) count() int {
 // TTL/3. Each measured window is one renewal interval, placed between two
 // beats, so it holds exactly the calls of one beat; nothing else runs.
 func p5(ctx context.Context, e *env) error {
-	watch := &beatWatch{sha: redis.NewScript(luascripts.Source("heartbeat")).Hash(), done: make(chan struct{}, 1)}
+	_, _, functions := luascripts.Library()
+	watch := &beatWatch{sha: redis.NewScript(luascripts.Source("heartbeat")).Hash(), fn: functions["heartbeat"], done: make(chan struct{}, 1)}
 	c := e.client(64)
 	c.AddHook(watch)
 	lim := budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 1 << 20}}

@@ -206,7 +206,12 @@ func (after stats) since(before stats) statsDelta {
 // scripts is the number of script calls: the round trips of a budget,
 // since every store operation is one script.
 func (d statsDelta) scripts() cmdStat {
-	return cmdStat{Calls: d["evalsha"].Calls + d["eval"].Calls, Usec: d["evalsha"].Usec + d["eval"].Usec}
+	var c cmdStat
+	for _, name := range []string{"evalsha", "eval", "fcall"} {
+		c.Calls += d[name].Calls
+		c.Usec += d[name].Usec
+	}
+	return c
 }
 
 // total is every command Redis ran, the ones run inside scripts included.

@@ -44,7 +44,7 @@ func (e *env) serverMix(ctx context.Context, op func(context.Context) error) (us
 	if calls > 0 {
 		mix = map[string]float64{}
 		for k, v := range d {
-			if k != "evalsha" && k != "eval" {
+			if k != "evalsha" && k != "eval" && k != "fcall" {
 				mix[k] = float64(v.Calls) / float64(calls)
 			}
 		}
@@ -220,12 +220,21 @@ func scriptCosts(ctx context.Context, e *env) error {
 	add("noop", "no-op script (return 1): the floor", repeat(n, func(ctx context.Context) error {
 		return noop.EvalSha(ctx, c, nil).Err()
 	}))
-	// lib.lua alone: the shared prelude every budget script runs before its
-	// own first line (constants, helpers, argument checks).
-	prelude := redis.NewScript(luascripts.Source("lib") + "\nreturn 1\n")
+	// lib.lua alone: the shared prelude a budget script sent by EVALSHA
+	// runs before its own first line (defining every helper, checking the
+	// common arguments). In the function library it runs once, at load.
+	prelude := redis.NewScript(luascripts.Source("lib") + "\nbegin(KEYS, ARGV)\nreturn 1\n")
 	preludeKeys := []string{"rb:{" + fmt.Sprintf("%x", e.name("prelude")) + "}:cfg"}
-	add("prelude", "lib.lua prelude alone (what every budget script runs first)", repeat(n, func(ctx context.Context) error {
+	add("prelude", "lib.lua prelude alone, by EVALSHA (a library runs it once, at load)", repeat(n, func(ctx context.Context) error {
 		return prelude.Run(ctx, c, preludeKeys, "PUBLISH", "300000").Err()
+	}))
+	// The library's own floor: a function that returns 1, called by FCALL.
+	if err := e.admin.FunctionLoad(ctx, noopLibrary).Err(); err != nil && !strings.Contains(err.Error(), "already exists") {
+		return err
+	}
+	defer e.admin.FunctionDelete(context.WithoutCancel(ctx), noopLibraryName)
+	add("noop-fcall", "no-op function (FCALL, return 1): the library's floor", repeat(n, func(ctx context.Context) error {
+		return c.FCall(ctx, noopLibraryName, nil).Err()
 	}))
 	add("redis_rate", "redis_rate Allow (GCRA), one key: the peer", repeat(n, func(ctx context.Context) error {
 		_, err := gcra.Allow(ctx, gcraKey, gcraLimit)
@@ -267,6 +276,8 @@ func (e *env) reassertCost(ctx context.Context, c *redis.Client) error {
 		return nil
 	}
 	sha := redis.NewScript(luascripts.Source("reassert")).Hash()
+	_, _, functions := luascripts.Library()
+	fn := functions["reassert"]
 	sec := "scripts: server µs per call (commandstats usec_per_call)"
 	for _, dn := range []int{1, 4} {
 		for _, k := range []int{1, 100} {
@@ -292,7 +303,7 @@ func (e *env) reassertCost(ctx context.Context, c *redis.Client) error {
 			epoch := 0
 			for range e.sz.rounds {
 				var durs []time.Duration
-				err := e.slowlog(ctx, sha, &durs, func(ctx context.Context) error {
+				err := e.slowlog(ctx, sha, fn, &durs, func(ctx context.Context) error {
 					for range max(e.sz.scriptCalls/10, 3) {
 						epoch++
 						if err := e.admin.HSet(ctx, cfg, "epoch", strconv.Itoa(epoch)).Err(); err != nil {
@@ -328,8 +339,9 @@ func (e *env) reassertCost(ctx context.Context, c *redis.Client) error {
 }
 
 // slowlog runs op with every command logged, and appends the durations of
-// the logged calls of the script with the given SHA to durs.
-func (e *env) slowlog(ctx context.Context, sha string, durs *[]time.Duration, op func(context.Context) error) error {
+// the logged calls of the script with the given SHA (EVALSHA) or function
+// name (FCALL) to durs.
+func (e *env) slowlog(ctx context.Context, sha, fn string, durs *[]time.Duration, op func(context.Context) error) error {
 	old, err := e.admin.ConfigGet(ctx, "slowlog-log-slower-than").Result()
 	if err != nil {
 		return err
@@ -349,9 +361,16 @@ func (e *env) slowlog(ctx context.Context, sha string, durs *[]time.Duration, op
 		return err
 	}
 	for _, l := range logs {
-		if len(l.Args) >= 2 && strings.EqualFold(l.Args[0], "evalsha") && l.Args[1] == sha {
+		if len(l.Args) >= 2 && (strings.EqualFold(l.Args[0], "evalsha") && l.Args[1] == sha ||
+			strings.EqualFold(l.Args[0], "fcall") && l.Args[1] == fn) {
 			*durs = append(*durs, l.Duration)
 		}
 	}
 	return nil
 }
+
+// noopLibrary holds one function that returns 1: FCALL's own floor.
+const (
+	noopLibraryName = "runbudget_bench_noop"
+	noopLibrary     = "#!lua name=" + noopLibraryName + "\nredis.register_function('" + noopLibraryName + "', function() return 1 end)\n"
+)

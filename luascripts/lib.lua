@@ -1,5 +1,10 @@
 -- lib.lua: helpers shared by the budget scripts. Source() prepends this file
--- to every script whose first line is "-- uses: lib.lua".
+-- to every script whose first line is "-- uses: lib.lua", and the script
+-- starts by calling begin(KEYS, ARGV); Library() instead builds one Redis
+-- function library of this file and every such script, each a function
+-- that calls begin first. Nothing here may touch KEYS, ARGV or Redis
+-- outside a function: in a library this part runs once, at load time, and
+-- the state of one call (CFG ... CANDS below) is set afresh by begin.
 --
 -- Conventions of every budget script:
 --   KEYS[1]  the budget's config hash, "rb:{<hex name>}:cfg". Every other key
@@ -38,8 +43,9 @@
 --   wake:<proc>  pub/sub channel of one process; messages are waiter ids
 -- <enc> is "<version>.<hex of the ID bytes>", injective and free of braces.
 
-local CFG = KEYS[1]
-local P = string.sub(CFG, 1, -4)
+-- Per-call state, set by begin.
+local CFG, P, PUB, IDLE -- config key, key prefix, publish command, idle TTL (ms)
+local NOW, LIM, CANDS   -- cached TIME and limits, handoff candidates
 
 local function bad(msg)
   error({err = 'RBINVAL ' .. msg})
@@ -84,11 +90,17 @@ local function id_arg(v, name)
   return v
 end
 
-local PUB = ARGV[1]
-if PUB ~= 'PUBLISH' and PUB ~= 'SPUBLISH' then
-  bad('publish command must be PUBLISH or SPUBLISH')
+local function begin(keys, argv)
+  CFG = keys[1]
+  if type(CFG) ~= 'string' or string.sub(CFG, -4) ~= ':cfg' then bad('KEYS[1] must be a config key') end
+  P = string.sub(CFG, 1, -4)
+  PUB = argv[1]
+  if PUB ~= 'PUBLISH' and PUB ~= 'SPUBLISH' then
+    bad('publish command must be PUBLISH or SPUBLISH')
+  end
+  IDLE = int(argv[2], 'idle ttl', 1000, 86400000 * 30)
+  NOW, LIM, CANDS = nil, nil, {}
 end
-local IDLE = int(ARGV[2], 'idle ttl', 1000, 86400000 * 30)
 
 -- Integers and floats are formatted explicitly: redis.call would turn a Lua
 -- number into a string with 14 significant digits, which loses microseconds.
@@ -97,7 +109,6 @@ local function F(x) return string.format('%.17g', x) end
 
 -- Redis TIME, read once per script (on 7.0 it advances during a script),
 -- so every step of one script sees the same instant.
-local NOW
 local function clock()
   if not NOW then
     local t = redis.call('TIME')
@@ -132,7 +143,6 @@ end
 
 -- lims returns the budget's limits, read once per script; grants made by
 -- this script update memheld in place. nil when the budget is not stored.
-local LIM
 local function lims()
   if LIM == nil then LIM = limits() or false end
   return LIM or nil
@@ -314,7 +324,6 @@ end
 -- (to collect its lease), or one held back by time (the rate or a pause),
 -- which must learn how long to sleep. One held back by a ceiling or memory
 -- stays asleep: the release that frees its slot will try it again.
-local CANDS = {}
 local function candidate(wid)
   CANDS[#CANDS + 1] = wid
 end

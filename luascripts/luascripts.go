@@ -4,10 +4,18 @@
 // Keeping every script in a .lua file (rather than a Go string) lets them be
 // read, linted and diffed as Lua. Shared helpers live in lib.lua, which
 // Source prepends to scripts that ask for it, so one definition serves all.
+//
+// The same files serve two ways of running them: each script on its own
+// (EVAL/EVALSHA, Source), or all budget scripts as one Redis 7 function
+// library (FUNCTION LOAD/FCALL, Library). A script run with EVALSHA builds
+// every helper of lib.lua again on each call, which costs more than
+// anything else an uncontended release does; a library builds them once.
 package luascripts
 
 import (
+	"crypto/sha1"
 	"embed"
+	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"sort"
@@ -21,6 +29,32 @@ var files embed.FS
 // that wants lib.lua prepended.
 const libMarker = "-- uses: lib.lua"
 
+// beginCall is what a script using lib.lua runs first: it sets up the
+// state of one call from KEYS and ARGV.
+const beginCall = "begin(KEYS, ARGV)\n"
+
+// split returns the shebang line of a script (without its newline; empty
+// when it has none), whether it uses lib.lua, and its body.
+func split(name string) (shebang string, usesLib bool, body string) {
+	b, err := files.ReadFile(name + ".lua")
+	if err != nil {
+		panic(fmt.Sprintf("luascripts: no script %q", name))
+	}
+	body = string(b)
+	if strings.HasPrefix(body, "#!") {
+		shebang, body, _ = strings.Cut(body, "\n")
+	}
+	return shebang, strings.HasPrefix(body, libMarker), body
+}
+
+func lib() string {
+	b, err := files.ReadFile("lib.lua")
+	if err != nil {
+		panic("luascripts: lib.lua is missing")
+	}
+	return string(b)
+}
+
 // Source returns the text of the named script (without the .lua suffix), with
 // lib.lua prepended when the script asks for it. A script's shebang line
 // ("#!lua flags=..."), which must stay the very first line, is kept first.
@@ -32,23 +66,65 @@ const libMarker = "-- uses: lib.lua"
 // a whole when Redis is out of memory (unless flagged allow-oom), instead of
 // failing at its first growing write after earlier writes went through.
 func Source(name string) string {
-	b, err := files.ReadFile(name + ".lua")
-	if err != nil {
-		panic(fmt.Sprintf("luascripts: no script %q", name))
+	shebang, usesLib, body := split(name)
+	if usesLib {
+		body = lib() + "\n" + beginCall + body
 	}
-	shebang, body := "", string(b)
-	if strings.HasPrefix(body, "#!") {
-		line, rest, _ := strings.Cut(body, "\n")
-		shebang, body = line+"\n", rest
-	}
-	if strings.HasPrefix(body, libMarker) {
-		lib, err := files.ReadFile("lib.lua")
-		if err != nil {
-			panic("luascripts: " + name + " asks for lib.lua, which is missing")
-		}
-		body = string(lib) + "\n" + body
+	if shebang != "" {
+		shebang += "\n"
 	}
 	return shebang + body
+}
+
+// Library returns the budget scripts (those using lib.lua) as one Redis
+// function library: its name, its source for FUNCTION LOAD, and the
+// function name of each script. Names carry a hash of the source, so hosts
+// running different versions of the scripts can share a Redis, each
+// calling its own; one library is loaded once and stays.
+//
+// Each script becomes a function taking (KEYS, ARGV) as it would under
+// EVAL, with the flags of its shebang line.
+func Library() (name, src string, functions map[string]string) {
+	var body strings.Builder
+	body.WriteString(lib())
+	type entry struct{ name, flags, body string }
+	var entries []entry
+	for _, n := range Names() {
+		shebang, usesLib, b := split(n)
+		if !usesLib {
+			continue
+		}
+		entries = append(entries, entry{n, flagsOf(shebang), b})
+	}
+	// Function names carry a tag computed from the text they are in: write
+	// a placeholder, hash, then put the tag in.
+	const placeholder = "@TAG@"
+	for _, e := range entries {
+		fmt.Fprintf(&body, "\nredis.register_function{function_name = 'rb_%s_%s', flags = {%s},\n  callback = function(KEYS, ARGV)\n%s%s\nend}\n",
+			placeholder, e.name, e.flags, beginCall, e.body)
+	}
+	sum := sha1.Sum([]byte(body.String()))
+	tag := hex.EncodeToString(sum[:6])
+	name = "runbudget_" + tag
+	functions = make(map[string]string, len(entries))
+	for _, e := range entries {
+		functions[e.name] = "rb_" + tag + "_" + e.name
+	}
+	return name, "#!lua name=" + name + "\n" + strings.ReplaceAll(body.String(), placeholder, tag), functions
+}
+
+// flagsOf turns a shebang's flags ("#!lua flags=allow-oom,no-cluster")
+// into the body of a Lua table of strings.
+func flagsOf(shebang string) string {
+	_, flags, ok := strings.Cut(shebang, "flags=")
+	if !ok {
+		return ""
+	}
+	var out []string
+	for _, f := range strings.Split(strings.Fields(flags)[0], ",") {
+		out = append(out, "'"+f+"'")
+	}
+	return strings.Join(out, ", ")
 }
 
 // WithoutShebang returns src without its shebang line, for servers that do

@@ -30,13 +30,13 @@ var budgetSeq atomic.Int64
 
 // harness builds the suite's budgets as hosts of one Redis budget with a
 // unique name per test, each host with its own store.
-func harness(client func(t testing.TB) redis.UniversalClient, slack time.Duration) budgettest.Harness {
+func harness(client func(t testing.TB) redis.UniversalClient, slack time.Duration, storeOpts ...redisstore.Option) budgettest.Harness {
 	return budgettest.Harness{
 		Open: func(t testing.TB) func(budget.Limits, ...budget.Option) (*budget.Budget, error) {
 			c := client(t)
 			name := fmt.Sprintf("conformance/%s/%d", t.Name(), budgetSeq.Add(1))
 			return func(l budget.Limits, opts ...budget.Option) (*budget.Budget, error) {
-				s, err := redisstore.New(c, name, redisstore.WithLeaseTTL(3*time.Second))
+				s, err := redisstore.New(c, name, append([]redisstore.Option{redisstore.WithLeaseTTL(3 * time.Second)}, storeOpts...)...)
 				if err != nil {
 					return nil, err
 				}
@@ -65,6 +65,13 @@ func TestConformanceMiniredis(t *testing.T) {
 func TestConformanceRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	budgettest.Run(t, harness(func(t testing.TB) redis.UniversalClient { return srv.Client(t) }, 20*time.Millisecond))
+}
+
+// TestConformanceRedisEval runs the suite on Redis 7 with the scripts sent
+// by EVALSHA, as on a server where the function library cannot be loaded.
+func TestConformanceRedisEval(t *testing.T) {
+	srv := redistest.Start(t)
+	budgettest.Run(t, harness(func(t testing.TB) redis.UniversalClient { return srv.Client(t) }, 20*time.Millisecond, redisstore.WithEvalOnly()))
 }
 
 func TestConformanceCluster(t *testing.T) {

@@ -3,6 +3,8 @@ package redisstore_test
 import (
 	"context"
 	"encoding/hex"
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 	"testing"
 	"time"
 
@@ -147,4 +149,58 @@ func TestRetireAfterDomainHashLost(t *testing.T) {
 	}
 	keep.Release()
 	expectIdle(t, b)
+}
+
+// TestFunctionLibrary: on Redis 7 the scripts run as one function library,
+// loaded by New; a Redis that lost it (FUNCTION FLUSH stands in for a
+// restart without persistence) gets it back on the next call, which then
+// runs normally. miniredis has no functions: EVALSHA there.
+func TestFunctionLibrary(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	s, err := redisstore.New(c, "library", redisstore.WithLeaseTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !redisstore.UsesLibrary(s) {
+		t.Fatal("New on Redis 7 did not load the function library")
+	}
+	b, err := budget.New(slots(1), budget.WithStore(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	mustAcquire(t, b, get(dom("a"))).Release()
+	// Every library of this build, and no stray one per store.
+	s2, err := redisstore.New(c, "library2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2.Close()
+	libs, err := c.FunctionList(ctx, redis.FunctionListQuery{}).Result()
+	if err != nil || len(libs) != 1 {
+		t.Fatalf("libraries after two stores: %v %v, want one", libs, err)
+	}
+
+	if err := c.FunctionFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, b, get(dom("a"))).Release()
+	if n, err := c.FunctionList(ctx, redis.FunctionListQuery{}).Result(); err != nil || len(n) != 1 {
+		t.Fatalf("library not loaded again after a flush: %v %v", n, err)
+	}
+	expectIdle(t, b)
+
+	mr := miniredis.RunT(t)
+	mc := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	defer mc.Close()
+	ms, err := redisstore.New(mc, "library")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ms.Close()
+	if redisstore.UsesLibrary(ms) {
+		t.Error("miniredis has no FUNCTION, yet the store claims the library")
+	}
 }

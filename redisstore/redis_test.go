@@ -277,7 +277,7 @@ func (h *dropReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		name := cmd.Name()
-		if err == nil && (name == "evalsha" || name == "eval") && rand.Float64() < h.rate {
+		if err == nil && (name == "evalsha" || name == "eval" || name == "fcall") && rand.Float64() < h.rate {
 			h.dropped.Add(1)
 			cmd.SetErr(&net.OpError{Op: "read", Net: "tcp", Err: errors.New("reply lost (test)")})
 			return cmd.Err()

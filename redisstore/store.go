@@ -50,6 +50,49 @@ var (
 	noShebang = newScriptSet(false)
 )
 
+// library is the budget scripts as one Redis function library (Redis 7):
+// FCALL runs a script without building lib.lua's helpers on every call,
+// which is most of what an uncontended release costs Redis.
+type library struct {
+	name, src string
+	functions map[string]string // script name -> function name
+}
+
+var budgetLibrary = func() *library {
+	name, src, fns := luascripts.Library()
+	return &library{name: name, src: src, functions: fns}
+}()
+
+// loadLibrary loads the library on c (on every master of a Cluster). A
+// library of the same name already there is the same code: fine.
+func loadLibrary(ctx context.Context, c redis.UniversalClient) error {
+	load := func(ctx context.Context, c redis.Cmdable) error {
+		err := c.FunctionLoad(ctx, budgetLibrary.src).Err()
+		if err != nil && strings.Contains(err.Error(), "already exists") {
+			return nil
+		}
+		return err
+	}
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return load(ctx, m) })
+	}
+	return load(ctx, c)
+}
+
+// function is the library's function for script op, or "" when l is nil.
+func (l *library) function(op string) string {
+	if l == nil {
+		return ""
+	}
+	return l.functions[op]
+}
+
+// functionMissing reports an FCALL refused because Redis does not have the
+// library (a restart without persistence, FUNCTION FLUSH, a new master).
+func functionMissing(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "Function not found")
+}
+
 // scriptsFor asks the server which script set it understands. A reply lost
 // on the way is asked again (a few times, within ctx), so one network blip
 // does not fail a host's start.
@@ -96,15 +139,19 @@ func WithLeaseTTL(d time.Duration) Option { return func(s *Store) { s.ttl = d } 
 // with the same name. Build a budget on it with budget.New(limits,
 // budget.WithStore(store)); the budget then owns the store and closes it.
 type Store struct {
-	client  redis.UniversalClient
-	sc      *scriptSet
-	name    string
-	prefix  string
-	keys    []string // KEYS of every script: the config hash
-	ttl     time.Duration
-	idle    time.Duration
-	pubCmd  string // PUBLISH, or SPUBLISH on a Cluster
-	channel string // this process's wake channel
+	client redis.UniversalClient
+	sc     *scriptSet
+	lib    *library // nil: run scripts with EVALSHA
+	name   string
+	prefix string
+	keys   []string // KEYS of every script: the config hash
+	ttl    time.Duration
+	// evalOnly keeps scripts on EVALSHA even where the library could be
+	// loaded (tests of that path on Redis 7).
+	evalOnly bool
+	idle     time.Duration
+	pubCmd   string // PUBLISH, or SPUBLISH on a Cluster
+	channel  string // this process's wake channel
 
 	// reasserting is held for writing while leases are put back after a
 	// state loss, and for reading by retirements and cancellations, so a
@@ -185,6 +232,12 @@ func New(client redis.UniversalClient, name string, opts ...Option) (*Store, err
 	var err error
 	if s.sc, err = scriptsFor(ctx, client); err != nil {
 		return nil, err
+	}
+	// Redis 7 runs the scripts as a function library. Where it cannot
+	// (miniredis, older servers, an ACL without FUNCTION), EVALSHA runs the
+	// same scripts, a little slower.
+	if !s.evalOnly && loadLibrary(ctx, client) == nil {
+		s.lib = budgetLibrary
 	}
 	wakeChannel := s.prefix + "wake:" + s.channel
 	if s.pubCmd == "SPUBLISH" {
@@ -332,9 +385,22 @@ func (s *Store) args(own ...any) []any {
 	return append([]any{s.pubCmd, ms(s.idle)}, own...)
 }
 
-// run runs a script and returns its reply as strings.
+// run runs the script named op and returns its reply as strings: the
+// library's function where the server has the library, else sc by EVALSHA.
 func (s *Store) run(ctx context.Context, op string, sc *redis.Script, args ...any) ([]string, error) {
-	res, err := sc.Run(ctx, s.client, s.keys, args...).StringSlice()
+	var res []string
+	var err error
+	if fn := s.lib.function(op); fn != "" {
+		res, err = s.client.FCall(ctx, fn, s.keys, args...).StringSlice()
+		if functionMissing(err) {
+			// Nothing ran: load the library again and call once more.
+			if err = loadLibrary(ctx, s.client); err == nil {
+				res, err = s.client.FCall(ctx, fn, s.keys, args...).StringSlice()
+			}
+		}
+	} else {
+		res, err = sc.Run(ctx, s.client, s.keys, args...).StringSlice()
+	}
 	if err != nil {
 		return nil, s.classify(ctx, op, err)
 	}

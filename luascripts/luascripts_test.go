@@ -1,0 +1,62 @@
+package luascripts
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestSourceStartsEveryCall(t *testing.T) {
+	for _, n := range Names() {
+		src := Source(n)
+		_, usesLib, _ := split(n)
+		if usesLib != strings.Contains(src, beginCall) {
+			t.Errorf("%s: uses lib.lua %v, but calls begin: %v", n, usesLib, !usesLib)
+		}
+		if strings.HasPrefix(src, "#!") && !strings.HasPrefix(WithoutShebang(src), "--\n") {
+			t.Errorf("%s: WithoutShebang kept the shebang", n)
+		}
+	}
+}
+
+func TestLibrary(t *testing.T) {
+	name, src, fns := Library()
+	if !strings.HasPrefix(src, "#!lua name="+name+"\n") {
+		t.Fatalf("library source starts %q, want its name line", src[:40])
+	}
+	for _, n := range Names() {
+		_, usesLib, _ := split(n)
+		fn, ok := fns[n]
+		if ok != usesLib {
+			t.Errorf("%s: in the library %v, uses lib.lua %v", n, ok, usesLib)
+			continue
+		}
+		if !ok {
+			continue
+		}
+		if !strings.HasPrefix(fn, "rb_"+strings.TrimPrefix(name, "runbudget_")+"_") {
+			t.Errorf("%s: function %q does not carry the library's tag", n, fn)
+		}
+		if strings.Count(src, "function_name = '"+fn+"'") != 1 {
+			t.Errorf("%s: function %q not registered exactly once", n, fn)
+		}
+	}
+	if strings.Contains(src, "@TAG@") {
+		t.Error("a placeholder was left in the library")
+	}
+	// Same code, same name: every host of a version loads one library.
+	if n2, src2, _ := Library(); n2 != name || src2 != src {
+		t.Error("Library is not deterministic")
+	}
+}
+
+func TestFlagsOf(t *testing.T) {
+	for shebang, want := range map[string]string{
+		"#!lua":                           "",
+		"#!lua flags=allow-oom":           "'allow-oom'",
+		"#!lua flags=allow-oom,no-writes": "'allow-oom', 'no-writes'",
+	} {
+		if got := flagsOf(shebang); got != want {
+			t.Errorf("flagsOf(%q) = %q, want %q", shebang, got, want)
+		}
+	}
+}
