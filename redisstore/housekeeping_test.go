@@ -204,3 +204,30 @@ func TestFunctionLibrary(t *testing.T) {
 		t.Error("miniredis has no FUNCTION, yet the store claims the library")
 	}
 }
+
+// TestLibraryRefusedByACL: a user allowed scripts but not FUNCTION gets the
+// scripts by EVALSHA, and everything works.
+func TestLibraryRefusedByACL(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "nofn", "on", ">pw", "~*", "&*", "+@all", "-function").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "nofn", Password: "pw", ContextTimeoutEnabled: true})
+	defer c.Close()
+	s, err := redisstore.New(c, "nofn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if redisstore.UsesLibrary(s) {
+		t.Fatal("the store claims the library although FUNCTION LOAD is refused")
+	}
+	b, err := budget.New(slots(1), budget.WithStore(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	mustAcquire(t, b, get(dom("a"))).Release()
+	expectIdle(t, b)
+}
