@@ -180,21 +180,26 @@ func (b *Budget) Acquire(ctx context.Context, req Request) (*Lease, error) {
 		b.mu.RUnlock()
 		return nil, ErrClosed
 	}
+	id := b.newID()
+	if b.local {
+		// The in-process store answers without blocking: a first try under
+		// the read lock (which Close waits for) needs none of the
+		// bookkeeping of a call that may wait. Anything but a grant goes
+		// the long way, which asks again (calls are idempotent by ID).
+		if att, err := b.store.TryAcquire(ctx, id, nreq); err == nil && att.Outcome == Granted {
+			b.mu.RUnlock()
+			return lease.New(id, nreq.Parts(), b.store), nil
+		}
+	}
 	b.active.Add(1)
 	b.mu.RUnlock()
 	defer b.active.Done()
 
-	id := b.newID()
 	var (
-		timer     *time.Timer
-		downSince time.Time // first failure of the current outage
+		timer     *time.Timer // stopped after every wait, so no return leaves it running
+		downSince time.Time   // first failure of the current outage
 		backoff   = 10 * time.Millisecond
 	)
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
 	for {
 		var sent time.Time // when the call went out: a lease's TTL starts after it
 		if !b.local {
@@ -256,18 +261,21 @@ func (b *Budget) Acquire(ctx context.Context, req Request) (*Lease, error) {
 			}
 			tick = timer.C
 		}
+		var stop error
 		select {
 		case <-att.Wake:
 		case <-tick:
 		case <-ctx.Done():
-			b.abandon(id)
-			return nil, ctx.Err()
+			stop = ctx.Err()
 		case <-b.done:
-			b.abandon(id)
-			return nil, ErrClosed
+			stop = ErrClosed
 		}
 		if timer != nil {
 			timer.Stop()
+		}
+		if stop != nil {
+			b.abandon(id)
+			return nil, stop
 		}
 	}
 }

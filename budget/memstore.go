@@ -23,6 +23,10 @@ type memStore struct {
 	caps       [4]int // in-flight ceilings by class index
 	seq        uint64 // arrival tickets
 	domains    map[Domain]*domainState
+	// last is the most recently looked-up domain: a run tends to hit one
+	// provider domain over and over, and hashing its key is a tenth of an
+	// uncontended Acquire. Cleared when its domain is deleted.
+	last *domainState
 	waiters    map[string]*waiter
 	leases     map[string]*memLease
 	memHeld    int64
@@ -499,11 +503,15 @@ func (s *memStore) refill(ds *domainState, now time.Time, rate, burst float64) {
 
 // domain returns the state of d, creating it on first use.
 func (s *memStore) domain(d Domain) *domainState {
+	if s.last != nil && s.last.d == d {
+		return s.last
+	}
 	ds := s.domains[d]
 	if ds == nil {
 		ds = &domainState{d: d}
 		s.domains[d] = ds
 	}
+	s.last = ds
 	return ds
 }
 
@@ -545,6 +553,9 @@ func (s *memStore) sweep(now time.Time) {
 		delete(s.draining, ds)
 		ds.draining = false
 		delete(s.domains, ds.d)
+		if s.last == ds {
+			s.last = nil
+		}
 	}
 }
 
