@@ -66,6 +66,7 @@ local doms = {}
 for i, e in ipairs(encs) do doms[i] = dload(e) end
 
 local ticket = first == 0 and tonumber(redis.call('HGET', wk, 't'))
+local joined = false -- queued by this call: its queues' TTLs are fresh
 if not ticket then
   -- First call: with nobody ahead anywhere, admit without queueing.
   local empty = true
@@ -86,6 +87,7 @@ if not ticket then
   end
   redis.call('HSET', wk, 't', I(ticket), 'ds', table.concat(encs, ' '), 'ch', ch,
     'cs', consumer, 'c', I(class), 'm', I(mem), 'b', I(body), 'at', I(now), 'ttl', I(ttl))
+  joined = true
 end
 -- Every call is also the waiter's liveness beat.
 deadline(P .. 'wexp', now + ttl, id)
@@ -94,7 +96,7 @@ redis.call('PEXPIRE', wk, IDLE)
 
 for _, d in ipairs(doms) do
   if head(d.q) ~= id then
-    redis.call('PEXPIRE', d.q, IDLE)
+    if not joined then redis.call('PEXPIRE', d.q, IDLE) end
     return done({'2'})
   end
 end

@@ -331,29 +331,30 @@ end
 -- Takes wid out of the memory line; a new first waiter may now fit.
 local function memq_remove(wid)
   local mq = P .. 'memq'
-  local first = head(mq)
-  if redis.call('ZREM', mq, wid) == 1 and first == wid then
-    local nf = head(mq)
-    if nf then candidate(nf) end
+  local first = redis.call('ZRANGE', mq, 0, 1)
+  if first[1] == wid then
+    redis.call('ZREM', mq, wid)
+    if first[2] then candidate(first[2]) end
+  elseif first[2] then
+    redis.call('ZREM', mq, wid)
   end
 end
 
 -- Takes waiter wid out of every queue; whoever now heads them is a candidate.
 local function remove_waiter(wid)
   local wk = P .. 'w:' .. wid
-  local ds = redis.call('HGET', wk, 'ds')
-  if ds then
-    for enc in string.gmatch(ds, '%S+') do
+  local v = redis.call('HMGET', wk, 'ds', 'm')
+  if v[1] then
+    for enc in string.gmatch(v[1], '%S+') do
       local q = P .. 'q:' .. enc
-      local h = head(q)
+      -- The first two: if wid heads the queue, the second is the new head.
+      local h = redis.call('ZRANGE', q, 0, 1)
       redis.call('ZREM', q, wid)
-      if h == wid then
-        local nh = head(q)
-        if nh then candidate(nh) end
-      end
+      if h[1] == wid and h[2] then candidate(h[2]) end
     end
   end
-  memq_remove(wid)
+  -- A waiter that asked for no memory never joins the memory line.
+  if v[2] ~= '0' then memq_remove(wid) end
   redis.call('DEL', wk)
   redis.call('ZREM', P .. 'wexp', wid)
 end
