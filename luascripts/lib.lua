@@ -46,6 +46,7 @@
 -- Per-call state, set by begin.
 local CFG, P, PUB, IDLE -- config key, key prefix, publish command, idle TTL (ms)
 local NOW, LIM, CANDS   -- cached TIME and limits, handoff candidates
+local DC                -- domains loaded by this call, by encoding
 
 local function bad(msg)
   error({err = 'RBINVAL ' .. msg})
@@ -99,7 +100,7 @@ local function begin(keys, argv)
     bad('publish command must be PUBLISH or SPUBLISH')
   end
   IDLE = int(argv[2], 'idle ttl', 1000, 86400000 * 30)
-  NOW, LIM, CANDS = nil, nil, {}
+  NOW, LIM, CANDS, DC = nil, nil, {}, {}
 end
 
 -- Integers and floats are formatted explicitly: redis.call would turn a Lua
@@ -156,8 +157,13 @@ local EXTRA = {'wm', 'da', 'bs', 'ss', 'sa', 'fs'}
 local FLOAT = {tk = true, wm = true, bs = true, ss = true}
 
 -- Loads a domain as numbers (absent fields are 0). d.o and d.x keep what
--- was read, so dsave writes back only what changed.
+-- is stored, so dsave writes back only what changed. A call loads each
+-- domain once: a handoff tries several waiters, often on the same domains.
+-- Whatever changes a domain hash other than through its table (retire's
+-- HINCRBY) drops it from DC.
 local function dload(enc)
+  local cached = DC[enc]
+  if cached then return cached end
   local key = P .. 'd:' .. enc
   local v = redis.call('HMGET', key, unpack(CORE))
   for i = 1, #CORE do v[i] = tonumber(v[i]) or 0 end
@@ -173,6 +179,7 @@ local function dload(enc)
     end
     d.x = e
   end
+  DC[enc] = d
   return d
 end
 
@@ -276,7 +283,16 @@ local function dsave(d, now, lim)
     d.rx = now + ttl * 1000
     put(out, 'rx', d.rx)
   end
-  if #out > 0 then redis.call('HSET', d.key, unpack(out)) end
+  if #out > 0 then
+    redis.call('HSET', d.key, unpack(out))
+    -- What is stored now, for a later save by this call.
+    for i = 1, #CORE - 1 do d.o[i] = d[CORE[i]] end
+    if d.x or d.th == 1 then
+      local x = d.x or {}
+      for i = 1, #EXTRA do x[i] = d[EXTRA[i]] end
+      d.x = x
+    end
+  end
   if renew then
     redis.call('PEXPIRE', d.key, I(ttl))
     redis.call('ZADD', P .. 'doms', I(now), d.enc)
@@ -376,6 +392,7 @@ local function retire(lid, r, b, m)
   if dr or db then
     for enc in string.gmatch(v[1], '%S+') do
       local dk = P .. 'd:' .. enc
+      DC[enc] = nil
       -- A domain hash outlives its leases (heartbeats refresh it), so a
       -- count below zero means the hash went with its counts (a state
       -- loss): undo, and never leave a key this created without a TTL.

@@ -231,3 +231,82 @@ func TestLibraryRefusedByACL(t *testing.T) {
 	mustAcquire(t, b, get(dom("a"))).Release()
 	expectIdle(t, b)
 }
+
+// TestOneCallGrantsSeveral: a call that frees room for several waiters
+// (here new limits) grants them in one go, each seeing the grants before
+// it: with room for two more, exactly two of three waiters start.
+func TestOneCallGrantsSeveral(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	a := dom("a")
+	b := open(t, c, "several", slots(2), time.Minute)
+	held := []*budget.Lease{mustAcquire(t, b, get(a)), mustAcquire(t, b, get(a))}
+	got := make(chan *budget.Lease, 3)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for range 3 {
+		go func() {
+			l, err := b.Acquire(ctx, get(a))
+			if err == nil {
+				got <- l
+			}
+		}()
+	}
+	for usage(t, b).Waiters != 3 {
+		time.Sleep(time.Millisecond)
+	}
+	wider := open(t, c, "several", slots(4), time.Minute, budget.WithReplaceLimits())
+	held = append(held, <-got, <-got)
+	// Usage runs a script, and so would hand out a slot that is free.
+	if n := domainOf(usage(t, wider), a).InFlight[budget.OpGet]; n != 4 {
+		t.Fatalf("in flight %d after the limits went from 2 to 4, want 4", n)
+	}
+	select {
+	case l := <-got:
+		t.Fatalf("a third waiter started with room for two: %s", l.ID())
+	default:
+	}
+	held[0].Release()
+	held = append(held[1:], <-got)
+	if n := domainOf(usage(t, b), a).InFlight[budget.OpGet]; n != 4 {
+		t.Fatalf("in flight %d, want 4", n)
+	}
+	for _, l := range held {
+		l.Release()
+	}
+	expectIdle(t, b)
+}
+
+// TestReassertSeveralLeasesOnOneDomain: after Redis loses a budget, a host
+// holding several leases on the same domains puts every one of them back.
+func TestReassertSeveralLeasesOnOneDomain(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	a, other := dom("a"), dom("b")
+	b := open(t, c, "reassert-many", slots(10), 300*time.Millisecond)
+	var held []*budget.Lease
+	for range 3 {
+		held = append(held, mustAcquire(t, b, get(a)))
+	}
+	for range 2 {
+		held = append(held, mustAcquire(t, b, get(a, other)))
+	}
+	if err := c.FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		u := usage(t, b)
+		if domainOf(u, a).InFlight[budget.OpGet] == 5 && domainOf(u, other).InFlight[budget.OpGet] == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the loss, usage never came back to 5 on a and 2 on b: %+v", u)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, l := range held {
+		l.Release()
+	}
+	expectIdle(t, b)
+}
