@@ -163,6 +163,7 @@ func (s *memStore) TryAcquire(_ context.Context, id string, req Request) (Attemp
 			}
 		}
 		s.seq++
+		req.Domains = nil // may be the caller's; the waiter keeps doms instead
 		w = &waiter{id: id, ticket: s.seq, req: req, doms: doms, elems: make([]*list.Element, len(doms)), wake: make(chan struct{}, 1)}
 		for i, ds := range doms {
 			w.elems[i] = ds.queue.PushBack(w)

@@ -26,6 +26,8 @@ type Store interface {
 	// (normalized); later calls find it there, keep its place, and refresh
 	// its liveness. A call for an id already granted returns Granted again
 	// without granting twice. The granted lease has the same id.
+	// req.Domains may share the caller's memory: a store reads it during
+	// the call and must not keep it.
 	TryAcquire(ctx context.Context, id string, req Request) (Attempt, error)
 
 	// Cancel takes waiter id out of every queue and returns anything granted

@@ -242,7 +242,13 @@ type Request struct {
 // Normalize validates r and returns a copy whose Domains are sorted and free
 // of duplicates, which is the form every Store receives. It never keeps the
 // caller's slice.
-func (r Request) Normalize() (Request, error) {
+func (r Request) Normalize() (Request, error) { return r.normalize(false) }
+
+// normalize is Normalize; with share set, it keeps the caller's slice when
+// that is already in normal form (one domain, or sorted without
+// duplicates), saving an allocation on every Acquire. Stores never keep
+// a request's Domains past a call, so sharing is safe there.
+func (r Request) normalize(share bool) (Request, error) {
 	if len(r.Domains) == 0 {
 		return Request{}, fmt.Errorf("%w: no domains", ErrInvalidRequest)
 	}
@@ -258,6 +264,15 @@ func (r Request) Normalize() (Request, error) {
 		}
 	}
 	out := r
+	if share && slices.IsSortedFunc(r.Domains, func(a, b Domain) int {
+		if c := a.compare(b); c != 0 {
+			return c
+		}
+		return -1 // equal neighbours: a duplicate, so not in normal form
+	}) {
+		out.Domains = r.Domains[:len(r.Domains):len(r.Domains)]
+		return out, nil
+	}
 	if len(r.Domains) == 1 {
 		out.Domains = []Domain{r.Domains[0]}
 		return out, nil

@@ -1,6 +1,7 @@
 package budget_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"math"
@@ -8,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/runbudget/runbudget/budget"
@@ -290,6 +292,51 @@ func TestRequestNormalizeDoesNotKeepCallerSlice(t *testing.T) {
 		if !slices.Equal(backing[:cap(backing)], want) {
 			t.Errorf("%d domains: the caller's array became %v", n, backing[:cap(backing)])
 		}
+	}
+}
+
+// TestAcquireDoesNotKeepCallerSlice: Acquire may read the caller's Domains
+// without copying them, but nothing may depend on that slice once Acquire
+// has returned, for a lease granted at once or one that waited.
+func TestAcquireDoesNotKeepCallerSlice(t *testing.T) {
+	b, err := budget.New(budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	a := budget.Domain{Version: 1, ID: "a"}
+	ds := []budget.Domain{a}
+	first, err := b.Acquire(context.Background(), budget.Request{Domains: ds, Class: budget.OpGet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds[0] = budget.Domain{Version: 1, ID: "elsewhere"}
+	ws := []budget.Domain{a}
+	done := make(chan *budget.Lease)
+	go func() {
+		l, err := b.Acquire(context.Background(), budget.Request{Domains: ws, Class: budget.OpGet})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- l
+	}()
+	for {
+		u, _ := b.Usage(context.Background())
+		if u.Waiters == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	first.Release()
+	second := <-done
+	ws[0] = budget.Domain{Version: 1, ID: "elsewhere"}
+	second.Release()
+	u, err := b.Usage(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(u.Domains) != 0 || u.Waiters != 0 {
+		t.Fatalf("usage after both leases were released: %+v", u)
 	}
 }
 
