@@ -273,6 +273,13 @@ func (b *Budget) Acquire(ctx context.Context, req Request) (*Lease, error) {
 		if timer != nil {
 			timer.Stop()
 		}
+		if stop == nil && att.handoff != nil && att.handoff.Load() {
+			// Granted by a handoff in this process's store: the lease is
+			// recorded there already.
+			if stop = ctx.Err(); stop == nil {
+				return lease.New(id, nreq.Parts(), b.store), nil
+			}
+		}
 		if stop != nil {
 			b.abandon(id)
 			return nil, stop

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/runbudget/runbudget/lease"
@@ -26,10 +27,10 @@ type memStore struct {
 	// last is the most recently looked-up domain: a run tends to hit one
 	// provider domain over and over, and hashing its key is a tenth of an
 	// uncontended Acquire. Cleared when its domain is deleted.
-	last *domainState
-	waiters    map[string]*waiter
-	leases     map[string]*memLease
-	memHeld    int64
+	last    *domainState
+	waiters map[string]*waiter
+	leases  map[string]*memLease
+	memHeld int64
 	// memQ holds, oldest first, the waiters that head all their queues but
 	// wait for memory. Memory is one run-global pool, so it is handed out by
 	// arrival too: a younger request may not take memory an older blocked one
@@ -82,9 +83,13 @@ type waiter struct {
 	ticket uint64
 	req    Request
 	doms   []*domainState
-	elems  []*list.Element // this waiter's element in each domain queue
+	elems  []*list.Element  // this waiter's element in each domain queue
+	one    [1]*list.Element // elems of a single-domain waiter, without an allocation
 	wake   chan struct{}
 	inMemQ bool
+	// granted is set, before the wake, when another call's handoff granted
+	// this waiter: its Acquire can return without calling again.
+	granted atomic.Bool
 }
 
 type memLease struct {
@@ -164,7 +169,11 @@ func (s *memStore) TryAcquire(_ context.Context, id string, req Request) (Attemp
 		}
 		s.seq++
 		req.Domains = nil // may be the caller's; the waiter keeps doms instead
-		w = &waiter{id: id, ticket: s.seq, req: req, doms: doms, elems: make([]*list.Element, len(doms)), wake: make(chan struct{}, 1)}
+		w = &waiter{id: id, ticket: s.seq, req: req, doms: doms, wake: make(chan struct{}, 1)}
+		w.elems = w.one[:]
+		if len(doms) > 1 {
+			w.elems = make([]*list.Element, len(doms))
+		}
 		for i, ds := range doms {
 			w.elems[i] = ds.queue.PushBack(w)
 		}
@@ -182,7 +191,7 @@ func (s *memStore) TryAcquire(_ context.Context, id string, req Request) (Attemp
 func (s *memStore) attempt(w *waiter, now time.Time) Attempt {
 	for i, ds := range w.doms {
 		if ds.queue.Front() != w.elems[i] {
-			return Attempt{Outcome: Queued, Wake: w.wake}
+			return Attempt{Outcome: Queued, Wake: w.wake, handoff: &w.granted}
 		}
 	}
 	slot, mem, wait := s.check(w.doms, w.req, now, w.ticket)
@@ -193,9 +202,9 @@ func (s *memStore) attempt(w *waiter, now time.Time) Attempt {
 	}
 	switch {
 	case slot || mem:
-		return Attempt{Outcome: Queued, Wake: w.wake}
+		return Attempt{Outcome: Queued, Wake: w.wake, handoff: &w.granted}
 	case wait > 0:
-		return Attempt{Outcome: Delayed, Wait: wait, Wake: w.wake}
+		return Attempt{Outcome: Delayed, Wait: wait, Wake: w.wake, handoff: &w.granted}
 	}
 	s.grant(w.id, &memLease{}, w.doms, w.req, now)
 	s.removeWaiter(w)
@@ -325,8 +334,9 @@ func (s *memStore) flush(now time.Time) {
 			continue
 		}
 		switch s.attempt(w, now).Outcome {
-		case Granted: // a handoff: its next TryAcquire finds the lease
+		case Granted: // a handoff: the lease is recorded; tell the waiter
 			granted++
+			w.granted.Store(true)
 			wake(w)
 		case Delayed: // held back by time: it must learn how long
 			wake(w)

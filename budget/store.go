@@ -2,6 +2,7 @@ package budget
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/runbudget/runbudget/lease"
@@ -101,4 +102,9 @@ type Attempt struct {
 	// the grant (a handoff, or a repeated call), by the store's clock. The
 	// lease's TTL runs from the grant, so renewals count from then.
 	GrantedAgo time.Duration
+
+	// handoff, set by the in-process store for a waiting attempt, reads
+	// true once another call's handoff granted the waiter: Acquire then
+	// returns on the wake without asking again.
+	handoff *atomic.Bool
 }
