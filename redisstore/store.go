@@ -392,8 +392,9 @@ func (s *Store) run(ctx context.Context, op string, sc *redis.Script, args ...an
 	var err error
 	if fn := s.lib.function(op); fn != "" {
 		res, err = s.client.FCall(ctx, fn, s.keys, args...).StringSlice()
-		if functionMissing(err) {
-			// Nothing ran: load the library again and call once more.
+		// Nothing ran: load the library again and call again (a few times:
+		// it can be flushed again in between).
+		for try := 0; functionMissing(err) && try < 3; try++ {
 			if err = loadLibrary(ctx, s.client); err == nil {
 				res, err = s.client.FCall(ctx, fn, s.keys, args...).StringSlice()
 			}

@@ -589,7 +589,9 @@ func TestFault09HungAndBusy(t *testing.T) {
 	}
 }
 
-// 10. SCRIPT FLUSH every 100ms under load: callers see no error at all.
+// 10. SCRIPT FLUSH and FUNCTION FLUSH every 100ms under load (Redis
+// forgetting the scripts and the library, as after a restart without
+// persistence): callers see no error at all.
 func TestFault10ScriptFlush(t *testing.T) {
 	schedule(t)
 	srv := redistest.Start(t)
@@ -607,6 +609,7 @@ func TestFault10ScriptFlush(t *testing.T) {
 				return
 			case <-tk.C:
 				admin.ScriptFlush(context.Background())
+				admin.FunctionFlush(context.Background())
 				flushes.Add(1)
 			}
 		}
@@ -638,7 +641,7 @@ func TestFault10ScriptFlush(t *testing.T) {
 	}
 	wg.Wait()
 	close(stop)
-	figure(t, "%d acquire/usage/release rounds under %d script flushes: %d caller-visible errors", ops.Load(), flushes.Load(), errs.Load())
+	figure(t, "%d acquire/usage/release rounds under %d script and function flushes: %d caller-visible errors", ops.Load(), flushes.Load(), errs.Load())
 	if errs.Load() != 0 {
 		t.Errorf("%d errors", errs.Load())
 	}
