@@ -33,15 +33,15 @@
 --   l:<id>       hash: a lease (domains, class, memory, parts held)
 --   lexp         zset: lease id -> expiry (us)
 --   memq         zset: waiters blocked on memory, scored by ticket
+--   wake:<proc>  pub/sub channel of one process; messages are waiter ids
+-- <enc> is "<version>.<hex of the ID bytes>", injective and free of braces.
 --
 -- Cost matters: on a loaded machine every command inside a script costs a
 -- microsecond or more, and every string formatted or table built a fraction
 -- of one, on every admission. So TTLs of the config and domain hashes are
 -- renewed only when half spent (their rx field says when they run out),
--- reclaim scans only when a deadline may have passed (rc), and a domain
--- hash gets only its changed fields written back.
---   wake:<proc>  pub/sub channel of one process; messages are waiter ids
--- <enc> is "<version>.<hex of the ID bytes>", injective and free of braces.
+-- reclaim scans only when a deadline may have passed (rc), a domain hash
+-- gets only its changed fields written back, and a call loads a domain once.
 
 -- Per-call state, set by begin.
 local CFG, P, PUB, IDLE -- config key, key prefix, publish command, idle TTL (ms)
