@@ -399,3 +399,93 @@ func sortStates(ds []DomainState) {
 		return strings.Compare(a.Domain.ID, b.Domain.ID)
 	})
 }
+
+// Library is a runbudget function library held by Redis. Every build of
+// runbudget loads its own (the name carries a hash of its scripts), so a
+// Redis that served several versions holds one for each.
+type Library struct {
+	Name string `json:"name"`
+	// Current is set for the library of this build.
+	Current bool `json:"current"`
+	// Functions is how many functions it registers.
+	Functions int `json:"functions"`
+}
+
+// ErrNoFunctions is what Libraries and PruneLibraries report for a server
+// without FUNCTION (before Redis 7, or an embedded test server).
+var ErrNoFunctions = errors.New("redisstore: this Redis has no function libraries (FUNCTION is not supported); budgets here run their scripts by EVALSHA")
+
+// Libraries lists the runbudget function libraries (on a Cluster, those of
+// every master, once per name), sorted by name.
+func (a *Admin) Libraries(ctx context.Context) ([]Library, error) {
+	seen := map[string]Library{}
+	var mu sync.Mutex
+	err := a.eachNode(ctx, func(ctx context.Context, c redis.Cmdable) error {
+		libs, err := c.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: libraryPrefix + "*"}).Result()
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, l := range libs {
+			seen[l.Name] = Library{Name: l.Name, Current: l.Name == budgetLibrary.name, Functions: len(l.Functions)}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, a.functionError(ctx, "listing function libraries", err)
+	}
+	out := make([]Library, 0, len(seen))
+	for _, l := range seen {
+		out = append(out, l)
+	}
+	slices.SortFunc(out, func(x, y Library) int { return strings.Compare(x.Name, y.Name) })
+	return out, nil
+}
+
+// PruneLibraries deletes every runbudget library but this build's, and
+// returns the names it deleted. Hosts of another build that still run are
+// not harmed: a call that finds its library missing loads it again (one
+// extra round trip).
+func (a *Admin) PruneLibraries(ctx context.Context) ([]string, error) {
+	libs, err := a.Libraries(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var deleted []string
+	for _, l := range libs {
+		if l.Current {
+			continue
+		}
+		err := a.eachNode(ctx, func(ctx context.Context, c redis.Cmdable) error {
+			err := c.FunctionDelete(ctx, l.Name).Err()
+			if err != nil && strings.Contains(err.Error(), "not exist") {
+				return nil // not on this master
+			}
+			return err
+		})
+		if err != nil {
+			return deleted, a.functionError(ctx, "deleting function library "+l.Name, err)
+		}
+		deleted = append(deleted, l.Name)
+	}
+	return deleted, nil
+}
+
+// eachNode runs fn on the one server, or on every master of a Cluster.
+func (a *Admin) eachNode(ctx context.Context, fn func(context.Context, redis.Cmdable) error) error {
+	if cc, ok := a.client.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return fn(ctx, m) })
+	}
+	return fn(ctx, a.client)
+}
+
+func (a *Admin) functionError(ctx context.Context, what string, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if msg := strings.ToLower(err.Error()); strings.Contains(msg, "unknown command") || strings.Contains(msg, "unknown subcommand") {
+		return ErrNoFunctions
+	}
+	return fmt.Errorf("redisstore: %s: %w: %v", what, budget.ErrUnavailable, err)
+}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
 	"github.com/runbudget/runbudget/internal/redistest"
@@ -167,4 +168,57 @@ func domainOf(u budget.Usage, d budget.Domain) budget.DomainUsage {
 		}
 	}
 	return budget.DomainUsage{Domain: d, RateFactor: 1}
+}
+
+// TestAdminLibraries: listing and pruning runbudget function libraries, on
+// every master of a Cluster; a server without FUNCTION says so.
+func TestAdminLibraries(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster start takes a few seconds")
+	}
+	cl := redistest.StartCluster(t, 3, 0)
+	c := cl.Client(t)
+	ctx := context.Background()
+	s, err := redisstore.New(c, "libs") // loads this build's library on every master
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const other = "runbudget_000000000001"
+	for _, n := range cl.Nodes() {
+		if err := n.Client(t).FunctionLoad(ctx,
+			"#!lua name="+other+"\nredis.register_function('rb_000000000001_noop', function() return 1 end)").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	adm, err := redisstore.NewAdmin(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	libs, err := adm.Libraries(ctx)
+	if err != nil || len(libs) != 2 || libs[0].Name != other || libs[0].Current || !libs[1].Current {
+		t.Fatalf("Libraries = %+v, %v", libs, err)
+	}
+	deleted, err := adm.PruneLibraries(ctx)
+	if err != nil || len(deleted) != 1 || deleted[0] != other {
+		t.Fatalf("PruneLibraries = %v, %v", deleted, err)
+	}
+	for _, n := range cl.Nodes() {
+		for _, l := range n.Client(t).FunctionList(ctx, redis.FunctionListQuery{}).Val() {
+			if l.Name == other {
+				t.Errorf("node %d still holds %s", n.Port(), other)
+			}
+		}
+	}
+	if libs, err := adm.Libraries(ctx); err != nil || len(libs) != 1 || !libs[0].Current {
+		t.Fatalf("Libraries after the prune = %+v, %v", libs, err)
+	}
+
+	mr := miniredis.RunT(t)
+	mc := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	defer mc.Close()
+	madm, _ := redisstore.NewAdmin(mc)
+	if _, err := madm.Libraries(ctx); !errors.Is(err, redisstore.ErrNoFunctions) {
+		t.Errorf("Libraries on a server without FUNCTION = %v, want ErrNoFunctions", err)
+	}
 }

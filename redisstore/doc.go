@@ -14,8 +14,9 @@
 // machine. Where functions are not available (miniredis, older servers, an
 // ACL that refuses FUNCTION) the same scripts run by EVALSHA, reloaded on
 // NOSCRIPT. Each library's name carries a hash of its code, so hosts of
-// different versions can share one Redis; an operator can remove a
-// version no host runs any more with FUNCTION DELETE runbudget_<hash>. The scripts keep the same state as the in-process store
+// different versions can share one Redis; Admin.Libraries lists them and
+// Admin.PruneLibraries (budgetctl libraries --prune) deletes those of other
+// builds, which is safe while their hosts run: they load theirs again. The scripts keep the same state as the in-process store
 // and take the same decisions; the conformance suite in budget/budgettest
 // runs against both, on miniredis, a real redis-server and a Redis Cluster.
 //

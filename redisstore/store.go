@@ -58,6 +58,9 @@ type library struct {
 	functions map[string]string // script name -> function name
 }
 
+// libraryPrefix starts the name of every runbudget library.
+const libraryPrefix = "runbudget_"
+
 var budgetLibrary = func() *library {
 	name, src, fns := luascripts.Library()
 	return &library{name: name, src: src, functions: fns}

@@ -191,6 +191,40 @@ func TestOperatorCommands(t *testing.T) {
 		}
 	})
 
+	t.Run("libraries", func(t *testing.T) {
+		// A library left by another build of runbudget.
+		const other = "runbudget_000000000000"
+		if err := f.srv.Client(t).FunctionLoad(context.Background(),
+			"#!lua name="+other+"\nredis.register_function('rb_000000000000_noop', function() return 1 end)").Err(); err != nil {
+			t.Fatal(err)
+		}
+		want(t, cli(t, f.env, "libraries"), exitOK, "LIBRARY", other, "other", "this one")
+		r := cli(t, f.env, "libraries", "--json")
+		want(t, r, exitOK)
+		var libs []redisstore.Library
+		if err := json.Unmarshal([]byte(r.stdout), &libs); err != nil {
+			t.Fatal(err, r)
+		}
+		if len(libs) != 2 || libs[0].Name != other || libs[0].Current || !libs[1].Current || libs[1].Functions < 10 {
+			t.Fatalf("libraries --json = %+v", libs)
+		}
+		want(t, cli(t, f.env, "libraries", "--yes"), exitUsage, "--yes goes with --prune")
+		want(t, cli(t, f.env, "libraries", "--prune"), exitDeclined, "pass --yes")
+		if n := len(f.srv.Client(t).FunctionList(context.Background(), redis.FunctionListQuery{}).Val()); n != 2 {
+			t.Fatalf("libraries after a refused prune: %d, want 2", n)
+		}
+		want(t, cli(t, f.env, "libraries", "--prune", "--yes"), exitOK, "deleted 1 library: "+other)
+		left := f.srv.Client(t).FunctionList(context.Background(), redis.FunctionListQuery{}).Val()
+		if len(left) != 1 || left[0].Name == other {
+			t.Fatalf("libraries after the prune: %+v", left)
+		}
+		want(t, cli(t, f.env, "libraries", "--prune", "--yes", "--json"), exitOK, `"deleted":[]`)
+		// The budget's hosts still run on the library that stayed.
+		if _, err := f.b.Usage(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("drop-leases", func(t *testing.T) {
 		// Not a terminal and no --yes: refused, nothing dropped.
 		want(t, cli(t, f.env, "drop-leases", f.name, "--consumer", "host-a"), exitDeclined, "pass --yes")

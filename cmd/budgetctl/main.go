@@ -121,7 +121,7 @@ for TLS). The URL and its password are never printed.
 		&cobra.Group{ID: "demo", Title: "Demo:"},
 	)
 	for _, c := range []*cobra.Command{a.listCommand(), a.inspectCommand(), a.watchCommand(),
-		a.throttleCommand(), a.resetCommand(), a.limitsCommand(), a.dropLeasesCommand()} {
+		a.throttleCommand(), a.resetCommand(), a.limitsCommand(), a.dropLeasesCommand(), a.librariesCommand()} {
 		c.GroupID = "ops"
 		c.Long += "\n\n" + exitCodesHelp
 		root.AddCommand(c)

@@ -267,7 +267,7 @@ is not a terminal it refuses (exit 4) unless --yes is given.`,
 // when stdin is not a terminal: a script must say --yes, not pipe a "y".
 func (a *app) confirm(question string) error {
 	if !isTerminal(a.stdin) {
-		return &cmdError{code: exitDeclined, err: fmt.Errorf("not confirmed: stdin is not a terminal; pass --yes to drop without asking")}
+		return &cmdError{code: exitDeclined, err: fmt.Errorf("not confirmed: stdin is not a terminal; pass --yes to go ahead without asking")}
 	}
 	fmt.Fprintf(a.stderr, "%s [y/N] ", question)
 	line, _ := bufio.NewReader(a.stdin).ReadString('\n')
@@ -275,5 +275,5 @@ func (a *app) confirm(question string) error {
 	case "y", "yes":
 		return nil
 	}
-	return &cmdError{code: exitDeclined, err: fmt.Errorf("not confirmed; nothing dropped")}
+	return &cmdError{code: exitDeclined, err: fmt.Errorf("not confirmed; nothing changed")}
 }
