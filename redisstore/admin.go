@@ -191,7 +191,10 @@ func (a *Admin) Inspect(ctx context.Context, name string, most int) (Inspection,
 	if most <= 0 {
 		most = 1000
 	}
-	res, err := a.run(ctx, name, "inspect", func(s *scriptSet) *redis.Script { return s.inspect }, most)
+	most = min(most, 999999)
+	// One more than asked: whether there are more than most is then known,
+	// not guessed from a full page.
+	res, err := a.run(ctx, name, "inspect", func(s *scriptSet) *redis.Script { return s.inspect }, most+1)
 	if err != nil {
 		return Inspection{}, err
 	}
@@ -242,7 +245,11 @@ func (a *Admin) Inspect(ctx context.Context, name string, most int) (Inspection,
 			Waiting: usSince(now, p.us(r["arrived"])), ExpiresIn: -usSince(now, p.us(r["expires"]))})
 	}
 	slices.SortFunc(in.Waiters, func(x, y WaiterState) int { return int(x.Ticket - y.Ticket) })
-	in.Truncated = len(raw.Leases) >= most || len(raw.Waiters) >= most
+	if len(in.Leases) > most || len(in.Waiters) > most {
+		in.Truncated = true
+		in.Leases = in.Leases[:min(len(in.Leases), most)]
+		in.Waiters = in.Waiters[:min(len(in.Waiters), most)]
+	}
 	if p.err != nil {
 		return Inspection{}, fmt.Errorf("redisstore: inspect: malformed reply: %v", p.err)
 	}

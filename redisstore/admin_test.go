@@ -222,3 +222,29 @@ func TestAdminLibraries(t *testing.T) {
 		t.Errorf("Libraries on a server without FUNCTION = %v, want ErrNoFunctions", err)
 	}
 }
+
+// TestInspectTruncated: Truncated says that more leases or waiters exist
+// than were listed, not merely that the page is full.
+func TestInspectTruncated(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	b := open(t, c, "trunc", slots(10), time.Minute)
+	var held []*budget.Lease
+	for range 2 {
+		held = append(held, mustAcquire(t, b, get(dom("a"))))
+	}
+	adm, _ := redisstore.NewAdmin(c)
+	in, err := adm.Inspect(ctx, "trunc", 2)
+	if err != nil || len(in.Leases) != 2 || in.Truncated {
+		t.Fatalf("2 leases, most 2: %d listed, truncated %v, %v", len(in.Leases), in.Truncated, err)
+	}
+	held = append(held, mustAcquire(t, b, get(dom("a"))))
+	in, err = adm.Inspect(ctx, "trunc", 2)
+	if err != nil || len(in.Leases) != 2 || !in.Truncated {
+		t.Fatalf("3 leases, most 2: %d listed, truncated %v, %v", len(in.Leases), in.Truncated, err)
+	}
+	for _, l := range held {
+		l.Release()
+	}
+}
