@@ -149,7 +149,8 @@ type cmdStat struct {
 
 // stats is a snapshot of INFO commandstats, keyed by command name
 // (lowercase, without the cmdstat_ prefix). Redis 7 counts the commands a
-// script runs under their own names as well as the EVALSHA that ran them.
+// script runs under their own names as well as the FCALL or EVALSHA that
+// ran them.
 type stats map[string]cmdStat
 
 func commandStats(ctx context.Context, c *redis.Client) (stats, error) {

@@ -53,9 +53,10 @@ func (e *env) serverMix(ctx context.Context, op func(context.Context) error) (us
 }
 
 // scriptCosts: the server time of each script, each one run alone so that
-// the EVALSHA line of INFO commandstats (which does not tell scripts apart)
-// holds only that script. Reassert cannot run alone (a heartbeat triggers
-// it), so its time comes from SLOWLOG, which names the SHA of every call.
+// the FCALL (or EVALSHA) line of INFO commandstats, which does not tell
+// scripts apart, holds only that script. Reassert cannot run alone (a
+// heartbeat triggers it), so its time comes from SLOWLOG, which names the
+// function (or SHA) of every call.
 func scriptCosts(ctx context.Context, e *env) error {
 	c := e.client(8)
 	b, s, err := e.openBudget(c, "scripts", roomy, time.Hour)
