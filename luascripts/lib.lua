@@ -128,18 +128,59 @@ local START_MEMORY = 10000000 -- 5 x TAU, us
 local MIN_BASE = 1.0
 local CUBIC_C = (1 - BETA) / (RECOVERY * RECOVERY * RECOVERY)
 
+-- In a function library (Library sets IN_LIBRARY once, at load) the
+-- ceilings, parsed, outlive a call: LCACHE maps a config key to them and to
+-- the limits JSON they came from. The JSON is written with them, in the same
+-- HSET, so an equal JSON means equal ceilings, and a call reads 5 fields
+-- instead of 12. A script sent by EVALSHA starts from nothing every call
+-- and reads all 12 at once.
+local IN_LIBRARY = false
+local LCACHE, LCACHED = {}, 0
+local LCACHE_MAX = 1024
+
+local function parse_limits(v)
+  return {
+    rps = tonumber(v[1]), burst = tonumber(v[2]),
+    caps = {tonumber(v[3]), tonumber(v[4]), tonumber(v[5]), tonumber(v[6])},
+    bodies = tonumber(v[7]), mem = tonumber(v[8]),
+  }
+end
+
+-- A call's view of the limits: the ceilings (shared, read-only) behind the
+-- fields of this call, which it updates as it goes.
 local function limits()
+  if IN_LIBRARY then
+    local v = redis.call('HMGET', CFG, 'json', 'memheld', 'qu', 'rx', 'rc')
+    if not v[1] then
+      return nil
+    end
+    local c = LCACHE[CFG]
+    if not c or c.json ~= v[1] then
+      local f = redis.call('HMGET', CFG, 'rps', 'burst', 'c0', 'c1', 'c2', 'c3', 'bodies', 'mem')
+      if not f[1] then
+        return nil
+      end
+      if not c then
+        if LCACHED >= LCACHE_MAX then LCACHE, LCACHED = {}, 0 end
+        LCACHED = LCACHED + 1
+      end
+      c = parse_limits(f)
+      c.json = v[1]
+      c.mt = {__index = c}
+      LCACHE[CFG] = c
+    end
+    return setmetatable({memheld = tonumber(v[2]) or 0, qu = tonumber(v[3]) or 0,
+      rx = tonumber(v[4]) or 0, rc = tonumber(v[5]) or 0}, c.mt)
+  end
   local v = redis.call('HMGET', CFG, 'rps', 'burst', 'c0', 'c1', 'c2', 'c3', 'bodies', 'mem', 'memheld',
     'qu', 'rx', 'rc')
   if not v[1] then
     return nil
   end
-  return {
-    rps = tonumber(v[1]), burst = tonumber(v[2]),
-    caps = {tonumber(v[3]), tonumber(v[4]), tonumber(v[5]), tonumber(v[6])},
-    bodies = tonumber(v[7]), mem = tonumber(v[8]), memheld = tonumber(v[9]) or 0,
-    qu = tonumber(v[10]) or 0, rx = tonumber(v[11]) or 0, rc = tonumber(v[12]) or 0,
-  }
+  local lim = parse_limits(v)
+  lim.memheld, lim.qu, lim.rx, lim.rc = tonumber(v[9]) or 0, tonumber(v[10]) or 0, tonumber(v[11]) or 0,
+    tonumber(v[12]) or 0
+  return lim
 end
 
 -- lims returns the budget's limits, read once per script; grants made by

@@ -87,6 +87,8 @@ func Source(name string) string {
 func Library() (name, src string, functions map[string]string) {
 	var body strings.Builder
 	body.WriteString(lib())
+	// Loaded once and kept: what lib.lua may cache across calls.
+	body.WriteString("\nIN_LIBRARY = true\n")
 	type entry struct{ name, flags, body string }
 	var entries []entry
 	for _, n := range Names() {

@@ -256,7 +256,7 @@ func TestOneCallGrantsSeveral(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	wider := open(t, c, "several", slots(4), time.Minute, budget.WithReplaceLimits())
-	held = append(held, <-got, <-got)
+	held = append(held, granted(t, got), granted(t, got))
 	// Usage runs a script, and so would hand out a slot that is free.
 	if n := domainOf(usage(t, wider), a).InFlight[budget.OpGet]; n != 4 {
 		t.Fatalf("in flight %d after the limits went from 2 to 4, want 4", n)
@@ -267,7 +267,7 @@ func TestOneCallGrantsSeveral(t *testing.T) {
 	default:
 	}
 	held[0].Release()
-	held = append(held[1:], <-got)
+	held = append(held[1:], granted(t, got))
 	if n := domainOf(usage(t, b), a).InFlight[budget.OpGet]; n != 4 {
 		t.Fatalf("in flight %d, want 4", n)
 	}
@@ -309,4 +309,16 @@ func TestReassertSeveralLeasesOnOneDomain(t *testing.T) {
 		l.Release()
 	}
 	expectIdle(t, b)
+}
+
+// granted waits (boundedly) for a lease from got.
+func granted(t *testing.T, got <-chan *budget.Lease) *budget.Lease {
+	t.Helper()
+	select {
+	case l := <-got:
+		return l
+	case <-time.After(10 * time.Second):
+		t.Fatal("no waiter was granted within 10s")
+		return nil
+	}
 }
