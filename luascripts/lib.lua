@@ -610,9 +610,13 @@ end
 -- Reclaims, in bounded work, leases and waiters whose holders stopped
 -- renewing them. Every script runs it, so no daemon is needed; it scans
 -- only once the config's rc is reached (a deadline may have passed), and
--- then sets rc to the earliest deadline left. Renewals only push deadlines
--- later, so rc stays a lower bound between scans.
+-- then sets rc to the earliest deadline left, or a second from now if that
+-- is sooner. Renewals only push deadlines later, so rc stays a lower bound
+-- between scans; the one-second cap bounds the delay for deadlines written
+-- without lowering rc (hosts of an older version during a rolling upgrade,
+-- a hand edit), for a scan a second.
 local RECLAIM = 16
+local RESCAN = 1000000 -- us
 local function reclaim(now)
   local lim = lims()
   if lim and now < lim.rc then return end
@@ -628,7 +632,7 @@ local function reclaim(now)
   end
   if lim then
     -- With a full batch, the head is still due and the next script goes on.
-    local rc = now + IDLE * 1000
+    local rc = now + RESCAN
     for _, z in ipairs({lexp, wexp}) do
       local h = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
       if h[2] then rc = math.min(rc, tonumber(h[2])) end

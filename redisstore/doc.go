@@ -39,7 +39,10 @@
 // waiters, oldest first: no daemon is needed, and no call does unbounded
 // work. The budget's config keeps a time no later than the earliest of
 // those deadlines (every new deadline can only move it earlier), so a
-// script scans only when something may have expired, not on every call.
+// script scans only when something may have expired, and at least once a
+// second while scripts run: a deadline written without moving that time (a
+// host of an older version during a rolling upgrade) is late by a second
+// at most.
 // Keys expire after max(20 x TTL, 5 min) without use, so an idle budget
 // leaves nothing behind; a domain's key lives at least until its bucket is
 // full again, so an expired domain is exactly a fresh one. Idle TTLs are

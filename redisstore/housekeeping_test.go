@@ -53,6 +53,11 @@ func TestShortTTLHolderReclaimedOnTime(t *testing.T) {
 	if took < ttl {
 		t.Errorf("slot back after %v, before the lease's TTL of %v ran out", took, ttl)
 	}
+	// Without its grant moving the reclaim point, the slot would come back
+	// only at the periodic rescan, a second after the last one.
+	if took > 800*time.Millisecond {
+		t.Errorf("slot back after %v: the short TTL did not move the reclaim point (rescans are a second apart)", took)
+	}
 	mustAcquire(t, live, get(a)).Release()
 	expectIdle(t, live)
 }
