@@ -102,13 +102,7 @@ func (a *Admin) List(ctx context.Context) ([]BudgetSummary, error) {
 		}
 		return iter.Err()
 	}
-	var err error
-	if cc, ok := a.client.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return scan(ctx, m) })
-	} else {
-		err = scan(ctx, a.client)
-	}
-	if err != nil {
+	if err := eachServer(ctx, a.client, scan); err != nil {
 		return nil, fmt.Errorf("redisstore: listing budgets: %w: %v", budget.ErrUnavailable, err)
 	}
 	var out []BudgetSummary
@@ -427,7 +421,7 @@ var ErrNoFunctions = errors.New("redisstore: this Redis has no function librarie
 func (a *Admin) Libraries(ctx context.Context) ([]Library, error) {
 	seen := map[string]Library{}
 	var mu sync.Mutex
-	err := a.eachNode(ctx, func(ctx context.Context, c redis.Cmdable) error {
+	err := eachServer(ctx, a.client, func(ctx context.Context, c redis.Cmdable) error {
 		libs, err := c.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: libraryPrefix + "*"}).Result()
 		if err != nil {
 			return err
@@ -464,7 +458,7 @@ func (a *Admin) PruneLibraries(ctx context.Context) ([]string, error) {
 		if l.Current {
 			continue
 		}
-		err := a.eachNode(ctx, func(ctx context.Context, c redis.Cmdable) error {
+		err := eachServer(ctx, a.client, func(ctx context.Context, c redis.Cmdable) error {
 			err := c.FunctionDelete(ctx, l.Name).Err()
 			if err != nil && strings.Contains(err.Error(), "not exist") {
 				return nil // not on this master
@@ -477,14 +471,6 @@ func (a *Admin) PruneLibraries(ctx context.Context) ([]string, error) {
 		deleted = append(deleted, l.Name)
 	}
 	return deleted, nil
-}
-
-// eachNode runs fn on the one server, or on every master of a Cluster.
-func (a *Admin) eachNode(ctx context.Context, fn func(context.Context, redis.Cmdable) error) error {
-	if cc, ok := a.client.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return fn(ctx, m) })
-	}
-	return fn(ctx, a.client)
 }
 
 func (a *Admin) functionError(ctx context.Context, what string, err error) error {

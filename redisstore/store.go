@@ -76,10 +76,16 @@ func loadLibrary(ctx context.Context, c redis.UniversalClient) error {
 		}
 		return err
 	}
+	return eachServer(ctx, c, load)
+}
+
+// eachServer runs fn on the one server, or on every master of a Cluster
+// (concurrently): for what is per server rather than per key.
+func eachServer(ctx context.Context, c redis.UniversalClient, fn func(context.Context, redis.Cmdable) error) error {
 	if cc, ok := c.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return load(ctx, m) })
+		return cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return fn(ctx, m) })
 	}
-	return load(ctx, c)
+	return fn(ctx, c)
 }
 
 // function is the library's function for script op, or "" when l is nil.
@@ -307,20 +313,18 @@ func checkClient(c redis.UniversalClient) error {
 // checkEviction refuses a Redis that may evict keys. Where CONFIG is not
 // allowed (managed Redis, ACLs), the check is skipped.
 func checkEviction(ctx context.Context, c redis.UniversalClient) error {
-	var policy string
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		var mu sync.Mutex
-		cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-			if p := evictionPolicy(ctx, m); p != "" && p != "noeviction" {
-				mu.Lock()
-				policy = p
-				mu.Unlock()
-			}
-			return nil
-		})
-	} else {
-		policy = evictionPolicy(ctx, c)
-	}
+	var (
+		mu     sync.Mutex
+		policy string
+	)
+	eachServer(ctx, c, func(ctx context.Context, m redis.Cmdable) error {
+		if p := evictionPolicy(ctx, m); p != "" && p != "noeviction" {
+			mu.Lock()
+			policy = p
+			mu.Unlock()
+		}
+		return nil
+	})
 	if policy != "" && policy != "noeviction" {
 		return fmt.Errorf("redisstore: Redis maxmemory-policy is %q, which can evict lease keys and free slots that are still in use; set it to noeviction", policy)
 	}
