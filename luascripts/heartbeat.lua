@@ -62,11 +62,7 @@ end
 if n > 0 then
   redis.call('PEXPIRE', lexp, IDLE)
   -- A renewal with a shorter TTL than before can move a deadline earlier.
-  local lim = lims()
-  if lim and now + ttl < lim.rc then
-    lim.rc = now + ttl
-    redis.call('HSET', CFG, 'rc', I(lim.rc))
-  end
+  lower_rc(now + ttl)
 end
 for i = 7 + n + m, 6 + n + m + k do
   redis.call('PEXPIRE', P .. 'l:' .. id_arg(ARGV[i], 'lease id'), IDLE)

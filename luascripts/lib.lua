@@ -351,15 +351,20 @@ local function touch_cfg(now)
   end
 end
 
--- Sets the deadline of id in zset z (lexp or wexp), keeping the config's rc
--- no later than the earliest deadline, so reclaim runs when one may pass.
-local function deadline(z, at, id)
-  redis.call('ZADD', z, I(at), id)
+-- Keeps the config's rc no later than a deadline at (us) just written, so
+-- reclaim runs when it may pass.
+local function lower_rc(at)
   local lim = lims()
   if lim and at < lim.rc then
     lim.rc = at
     redis.call('HSET', CFG, 'rc', I(at))
   end
+end
+
+-- Sets the deadline of id in zset z (lexp or wexp).
+local function deadline(z, at, id)
+  redis.call('ZADD', z, I(at), id)
+  lower_rc(at)
 end
 
 local function wake(wid)
