@@ -33,9 +33,7 @@ func (a *app) inspectCommand() *cobra.Command {
 			"\n\nWith --json it prints the whole inspection as one JSON document (durations in nanoseconds).",
 		Args: exactArgs("NAME"),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := a.opContext(cmd.Context())
-			defer cancel()
-			adm, done, err := a.admin(ctx)
+			ctx, adm, done, err := a.opAdmin(cmd)
 			if err != nil {
 				return err
 			}

@@ -31,9 +31,7 @@ With --json it prints a JSON array of {name, current, functions}, or with
 			if yes && !prune {
 				return usageError("--yes goes with --prune")
 			}
-			ctx, cancel := a.opContext(cmd.Context())
-			defer cancel()
-			adm, done, err := a.admin(ctx)
+			ctx, adm, done, err := a.opAdmin(cmd)
 			if err != nil {
 				return err
 			}

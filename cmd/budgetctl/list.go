@@ -18,9 +18,7 @@ include entries that expired but were not yet reclaimed.
 With --json it prints one JSON array of {name, domains, leases, waiters}.`,
 		Args: exactArgs(),
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := a.opContext(cmd.Context())
-			defer cancel()
-			adm, done, err := a.admin(ctx)
+			ctx, adm, done, err := a.opAdmin(cmd)
 			if err != nil {
 				return err
 			}

@@ -201,6 +201,19 @@ func (a *app) opContext(ctx context.Context) (context.Context, context.CancelFun
 	return context.WithTimeout(ctx, a.timeout)
 }
 
+// opAdmin is the start of an operator command: a context bounded by
+// --timeout, and operator access through a fresh client. done releases
+// both.
+func (a *app) opAdmin(cmd *cobra.Command) (ctx context.Context, adm *redisstore.Admin, done func(), err error) {
+	ctx, cancel := a.opContext(cmd.Context())
+	adm, release, err := a.admin(ctx)
+	if err != nil {
+		cancel()
+		return nil, nil, nil, err
+	}
+	return ctx, adm, func() { release(); cancel() }, nil
+}
+
 // admin connects and returns operator access; done releases the client.
 func (a *app) admin(ctx context.Context) (adm *redisstore.Admin, done func(), err error) {
 	c, err := a.connect(ctx)

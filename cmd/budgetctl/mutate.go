@@ -61,9 +61,7 @@ domain until that much time has passed.
 			if retryAfter < 0 {
 				return usageError("--retry-after %v is negative", retryAfter)
 			}
-			ctx, cancel := a.opContext(cmd.Context())
-			defer cancel()
-			adm, done, err := a.admin(ctx)
+			ctx, adm, done, err := a.opAdmin(cmd)
 			if err != nil {
 				return err
 			}
@@ -97,9 +95,7 @@ to 1 and any pause ends. Use it when a throttle was reported in error.
 			if !dom.set {
 				return usageError("reset needs --domain V:ID")
 			}
-			ctx, cancel := a.opContext(cmd.Context())
-			defer cancel()
-			adm, done, err := a.admin(ctx)
+			ctx, adm, done, err := a.opAdmin(cmd)
 			if err != nil {
 				return err
 			}
@@ -147,14 +143,12 @@ burst resets burst to its default.
 Example: budgetctl limits demo --set rps=100,burst=10,get=8,list=4,head=0,copy_source_read=2,bodies=16,memory=64MiB`,
 		Args: exactArgs("NAME"),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := a.opContext(cmd.Context())
-			defer cancel()
 			// Parse before connecting, so a typo is a usage error even when
 			// Redis is down.
 			if _, err := applyLimitSet(budget.Limits{}, sets); err != nil {
 				return err
 			}
-			adm, done, err := a.admin(ctx)
+			ctx, adm, done, err := a.opAdmin(cmd)
 			if err != nil {
 				return err
 			}
@@ -209,9 +203,7 @@ is not a terminal it refuses (exit 4) unless --yes is given.`,
 				return usageError("drop-leases needs exactly one of --consumer C and --all")
 			}
 			name := args[0]
-			ctx, cancel := a.opContext(cmd.Context())
-			defer cancel()
-			adm, done, err := a.admin(ctx)
+			ctx, adm, done, err := a.opAdmin(cmd)
 			if err != nil {
 				return err
 			}
