@@ -15,7 +15,7 @@ func FuzzLimitsNormalize(f *testing.F) {
 	f.Add(100.0, 10, 8, 4, 2, 1, 16, int64(1<<20), "get")
 	f.Add(math.NaN(), 0, 0, 0, 0, 0, 0, int64(0), "list")
 	f.Add(math.Inf(1), 1, 1, 1, 1, 1, 1, int64(1), "head")
-	f.Add(-1.0, -1, -1, -1, -1, -1, -1, int64(-1), "put")
+	f.Add(-1.0, -1, -1, -1, -1, -1, -1, int64(-1), "rename")
 	f.Add(0.0, 5, 0, 0, 0, 0, 0, int64(0), "")
 	f.Add(1e-300, 0, 0, 0, 0, 0, 0, int64(0), "copy_source_read")
 	f.Add(2e9, 0, 0, 0, 0, 0, 0, int64(math.MaxInt64), "get")

@@ -21,8 +21,8 @@ type memStore struct {
 	mu         sync.Mutex
 	registered bool
 	limits     Limits
-	caps       [4]int // in-flight ceilings by class index
-	seq        uint64 // arrival tickets
+	caps       [NumClasses]int // in-flight ceilings by class index
+	seq        uint64          // arrival tickets
 	domains    map[Domain]*domainState
 	// last is the most recently looked-up domain: a run tends to hit one
 	// provider domain over and over, and hashing its key is a tenth of an
@@ -58,7 +58,7 @@ const sweepEvery = 32
 type domainState struct {
 	d        Domain
 	queue    list.List // *waiter, oldest first
-	inFlight [4]int
+	inFlight [NumClasses]int
 	bodies   int
 
 	bucket   bool // tokens and tokensAt are set
@@ -530,7 +530,7 @@ func (s *memStore) domain(d Domain) *domainState {
 // domain stays noted while it is busy again (sweep checks before it deletes
 // anything), so a domain used over and over costs no map writes.
 func (s *memStore) maybeIdle(ds *domainState) {
-	if !ds.draining && ds.queue.Len() == 0 && ds.inFlight == [4]int{} && ds.bodies == 0 {
+	if !ds.draining && ds.queue.Len() == 0 && ds.inFlight == [NumClasses]int{} && ds.bodies == 0 {
 		s.draining[ds] = struct{}{}
 		ds.draining = true
 	}
@@ -546,7 +546,7 @@ func (s *memStore) sweep(now time.Time) {
 			return
 		}
 		n++
-		if ds.queue.Len() != 0 || ds.inFlight != [4]int{} || ds.bodies != 0 {
+		if ds.queue.Len() != 0 || ds.inFlight != [NumClasses]int{} || ds.bodies != 0 {
 			delete(s.draining, ds)
 			ds.draining = false
 			continue
@@ -585,7 +585,7 @@ func (s *memStore) Usage(_ context.Context) (Usage, error) {
 				if du.InFlight == nil {
 					du.InFlight = make(map[OpClass]int)
 				}
-				du.InFlight[Classes[i]] = n
+				du.InFlight[classTable[i]] = n
 			}
 		}
 		if du.InFlight == nil && du.OpenBodies == 0 && du.Waiters == 0 && du.RateFactor >= 1 && du.Paused == 0 {

@@ -93,28 +93,38 @@ func (d Domain) compare(e Domain) int {
 // interchangeable, and pooling them would let one starve the other.
 type OpClass string
 
-// The operation classes.
+// The operation classes. The first four are reads; OpPut and OpDelete are
+// the destination side of a copy job, which providers meter apart from
+// reads (S3 counts PUT, COPY, POST and DELETE against one rate per prefix and
+// GET and HEAD against another).
 const (
 	OpList           OpClass = "list"             // an object listing
 	OpHead           OpClass = "head"             // a metadata request
 	OpGet            OpClass = "get"              // a whole or ranged content read
 	OpCopySourceRead OpClass = "copy_source_read" // the source read of a server-side copy; no body reaches the client
+	OpPut            OpClass = "put"              // an object or part written (PUT, POST, a multipart step)
+	OpDelete         OpClass = "delete"           // an object deleted
 )
 
-// Classes lists every known class, in a fixed order.
-var Classes = []OpClass{OpList, OpHead, OpGet, OpCopySourceRead}
+// NumClasses is how many classes there are.
+const NumClasses = len(classTable)
+
+// classTable is the one list of classes. A class's position in it is its
+// index everywhere: the in-process store's counters, the Redis hash fields
+// and script arguments, budgetctl's columns. Append only: a reordering
+// would make stored state count under the wrong class.
+var classTable = [...]OpClass{OpList, OpHead, OpGet, OpCopySourceRead, OpPut, OpDelete}
+
+// Classes returns every known class, in index order. The array is a copy:
+// changing it changes nothing here.
+func Classes() [NumClasses]OpClass { return classTable }
 
 // Index returns the class's position in Classes, or -1 if it is unknown.
 func (c OpClass) Index() int {
-	switch c {
-	case OpList:
-		return 0
-	case OpHead:
-		return 1
-	case OpGet:
-		return 2
-	case OpCopySourceRead:
-		return 3
+	for i, k := range classTable {
+		if k == c {
+			return i
+		}
 	}
 	return -1
 }
@@ -212,8 +222,8 @@ func (l Limits) Equal(m Limits) bool {
 }
 
 // inFlightCaps returns the in-flight ceilings indexed like Classes.
-func (l Limits) inFlightCaps() [4]int {
-	var caps [4]int
+func (l Limits) inFlightCaps() [NumClasses]int {
+	var caps [NumClasses]int
 	for c, n := range l.InFlight {
 		caps[c.Index()] = n
 	}

@@ -130,10 +130,10 @@ func TestLimitsNormalizeInvalid(t *testing.T) {
 		{"negative open bodies", budget.Limits{OpenBodies: -1, MemoryBytes: 1}, "OpenBodies"},
 		{"negative memory", budget.Limits{MemoryBytes: -1, OpenBodies: 1}, "MemoryBytes"},
 		{"most negative memory", budget.Limits{MemoryBytes: math.MinInt64}, "MemoryBytes"},
-		{"unknown class", budget.Limits{InFlight: map[budget.OpClass]int{"put": 1}}, "InFlight"},
+		{"unknown class", budget.Limits{InFlight: map[budget.OpClass]int{"rename": 1}}, "InFlight"},
 		{"empty class", budget.Limits{InFlight: map[budget.OpClass]int{"": 1}}, "InFlight"},
 		{"case-folded class", budget.Limits{InFlight: map[budget.OpClass]int{"GET": 1}}, "InFlight"},
-		{"unknown class with zero", budget.Limits{InFlight: map[budget.OpClass]int{"put": 0}, MemoryBytes: 1}, "InFlight"},
+		{"unknown class with zero", budget.Limits{InFlight: map[budget.OpClass]int{"rename": 0}, MemoryBytes: 1}, "InFlight"},
 		{"negative in-flight", budget.Limits{InFlight: map[budget.OpClass]int{budget.OpHead: -2}}, "InFlight"},
 	} {
 		got, err := tc.l.Normalize()
@@ -350,7 +350,7 @@ func TestRequestNormalizeErrors(t *testing.T) {
 		{"nil domains", budget.Request{Class: budget.OpGet}, budget.ErrInvalidRequest},
 		{"empty domains", budget.Request{Domains: []budget.Domain{}, Class: budget.OpGet}, budget.ErrInvalidRequest},
 		{"no class", budget.Request{Domains: []budget.Domain{a}}, budget.ErrInvalidRequest},
-		{"unknown class", budget.Request{Domains: []budget.Domain{a}, Class: "put"}, budget.ErrInvalidRequest},
+		{"unknown class", budget.Request{Domains: []budget.Domain{a}, Class: "rename"}, budget.ErrInvalidRequest},
 		{"upper-case class", budget.Request{Domains: []budget.Domain{a}, Class: "GET"}, budget.ErrInvalidRequest},
 		{"negative memory", budget.Request{Domains: []budget.Domain{a}, Class: budget.OpGet, MemoryBytes: -1}, budget.ErrInvalidRequest},
 		{"empty domain ID", budget.Request{Domains: []budget.Domain{{Version: 1}}, Class: budget.OpGet}, budget.ErrInvalidDomain},
@@ -392,12 +392,12 @@ func TestRequestParts(t *testing.T) {
 }
 
 func TestOpClassIndex(t *testing.T) {
-	for i, c := range budget.Classes {
+	for i, c := range budget.Classes() {
 		if c.Index() != i {
 			t.Errorf("%q.Index() = %d, want %d", c, c.Index(), i)
 		}
 	}
-	for _, c := range []budget.OpClass{"", "put", "Get", "get "} {
+	for _, c := range []budget.OpClass{"", "rename", "Get", "get ", "PUT"} {
 		if c.Index() != -1 {
 			t.Errorf("%q.Index() = %d, want -1", c, c.Index())
 		}
@@ -427,4 +427,20 @@ func FuzzDomainValidate(f *testing.F) {
 			t.Errorf("%#v: error %v does not wrap ErrInvalidDomain", d, err)
 		}
 	})
+}
+
+// TestClassesIsACopy guards the class table: what Classes returns belongs to
+// the caller, so changing it cannot rename or reorder a class here.
+func TestClassesIsACopy(t *testing.T) {
+	cs := budget.Classes()
+	cs[0] = "rename"
+	if got := budget.Classes()[0]; got != budget.OpList {
+		t.Fatalf("Classes()[0] = %q after the caller changed its copy, want %q", got, budget.OpList)
+	}
+	if budget.OpPut.Index() < 0 || budget.OpDelete.Index() < 0 {
+		t.Fatal("the write classes are missing from the table")
+	}
+	if len(cs) != budget.NumClasses {
+		t.Fatalf("len(Classes()) = %d, NumClasses = %d", len(cs), budget.NumClasses)
+	}
 }

@@ -5,7 +5,7 @@
 -- KEYS[1]  config hash
 -- ARGV[3]  waiter id (becomes the lease id on a grant)
 -- ARGV[4]  process channel suffix (where wake events for this waiter go)
--- ARGV[5]  class index 0..3
+-- ARGV[5]  class index 0..NCLASS-1
 -- ARGV[6]  memory bytes
 -- ARGV[7]  1 if the request opens a body, else 0
 -- ARGV[8]  consumer (diagnostics)
@@ -28,7 +28,7 @@
 
 local id = id_arg(ARGV[3], 'waiter id')
 local ch = id_arg(ARGV[4], 'process channel')
-local class = int(ARGV[5], 'class', 0, 3)
+local class = int(ARGV[5], 'class', 0, NCLASS - 1)
 local mem = int(ARGV[6], 'memory', 0, 9007199254740991)
 local body = int(ARGV[7], 'body flag', 0, 1)
 local consumer = ARGV[8]

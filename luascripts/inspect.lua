@@ -7,7 +7,7 @@
 -- ARGV[3]  most leases and most waiters to list
 -- Returns {"-2"} when the budget does not exist, else {json} with
 --   now, epoch, limits (the stored JSON), memheld,
---   domains: [{enc, f0..f3, b, tokens, burst, rate, factor, pause_us,
+--   domains: [{enc, f0..f<NCLASS-1>, b, tokens, burst, rate, factor, pause_us,
 --              queue, throttled}]   (tokens/burst/rate empty when unlimited)
 --   leases:  [{id, ds, c, m, parts, consumer, granted, expires}]
 --   waiters: [{id, ds, c, m, b, consumer, ticket, arrived, expires}]
@@ -26,9 +26,10 @@ for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
   if redis.call('EXISTS', P .. 'd:' .. enc) == 1 then
     local d = dload(enc)
     local f = factor(d, now)
-    local row = {enc = enc, f0 = I(d.f0), f1 = I(d.f1), f2 = I(d.f2), f3 = I(d.f3), b = I(d.b),
+    local row = {enc = enc, b = I(d.b),
       factor = F(f), pause_us = I(math.max(0, d.pu - now)), queue = I(redis.call('ZCARD', d.q)),
       throttled = I(d.th), tokens = '', burst = '', rate = ''}
+    for _, fc in ipairs(CLASSF) do row[fc] = I(d[fc]) end
     local r, burst = rate(d, now, lim)
     if r > 0 then
       refill(d, now, r, burst) -- on the local copy only; nothing is saved

@@ -18,12 +18,13 @@
 -- error reply starting with "RBINVAL" before anything is written.
 --
 -- Key layout under the prefix P:
---   cfg          hash: limits (json, rps, burst, c0..c3, bodies, mem),
+--   cfg          hash: limits (json, rps, burst, c0..c<NCLASS-1>, bodies, mem),
 --                memheld, seq (arrival tickets), epoch, qu (quarantine end
 --                after a state loss), rid (the Redis run_id that wrote it),
 --                rx (when its TTL runs out, us), rc (a time no later than
 --                the earliest deadline in lexp and wexp: when reclaim is due)
---   d:<enc>      hash: one domain's counts, bucket, throttle and start rate,
+--   d:<enc>      hash: one domain's counts (f<class index>, b), bucket,
+--                throttle and start rate,
 --                rx (when its TTL runs out, us); zero fields may be absent
 --   q:<enc>      zset: waiters of a domain, scored by arrival ticket
 --   doms         zset: domain encodings, scored by when their TTL was last
@@ -42,6 +43,17 @@
 -- renewed only when half spent (their rx field says when they run out),
 -- reclaim scans only when a deadline may have passed (rc), a domain hash
 -- gets only its changed fields written back, and a call loads a domain once.
+
+-- NCLASS, the number of operation classes, is defined by the line Source
+-- and Library put before this file, from budget's one table of classes: a
+-- class is its index there, 0 .. NCLASS-1, and nothing here names one.
+-- CAPF and CLASSF are the config's ceiling fields and a domain's count
+-- fields, by class index (Lua lists start at 1: class c is entry c+1).
+local CAPF, CLASSF = {}, {}
+for c = 0, NCLASS - 1 do
+  CAPF[c + 1] = 'c' .. c
+  CLASSF[c + 1] = 'f' .. c
+end
 
 -- Per-call state, set by begin.
 local CFG, P, PUB, IDLE -- config key, key prefix, publish command, idle TTL (ms)
@@ -138,12 +150,22 @@ local IN_LIBRARY = false
 local LCACHE, LCACHED = {}, 0
 local LCACHE_MAX = 1024
 
+-- The config fields of the ceilings, in the order parse_limits reads them;
+-- LIMITF_ALL adds the per-call fields the EVALSHA path reads with them.
+-- (Plain loops: a library's load runs without unpack or ipairs.)
+local function concat(a, b)
+  local out = {}
+  for i = 1, #a do out[#out + 1] = a[i] end
+  for i = 1, #b do out[#out + 1] = b[i] end
+  return out
+end
+local LIMITF = concat({'rps', 'burst', 'bodies', 'mem'}, CAPF)
+local LIMITF_ALL = concat(LIMITF, {'memheld', 'qu', 'rx', 'rc'})
+
 local function parse_limits(v)
-  return {
-    rps = tonumber(v[1]), burst = tonumber(v[2]),
-    caps = {tonumber(v[3]), tonumber(v[4]), tonumber(v[5]), tonumber(v[6])},
-    bodies = tonumber(v[7]), mem = tonumber(v[8]),
-  }
+  local caps = {}
+  for c = 1, NCLASS do caps[c] = tonumber(v[4 + c]) or 0 end
+  return {rps = tonumber(v[1]), burst = tonumber(v[2]), bodies = tonumber(v[3]), mem = tonumber(v[4]), caps = caps}
 end
 
 -- A call's view of the limits: the ceilings (shared, read-only) behind the
@@ -156,7 +178,7 @@ local function limits()
     end
     local c = LCACHE[CFG]
     if not c or c.json ~= v[1] then
-      local f = redis.call('HMGET', CFG, 'rps', 'burst', 'c0', 'c1', 'c2', 'c3', 'bodies', 'mem')
+      local f = redis.call('HMGET', CFG, unpack(LIMITF))
       if not f[1] then
         return nil
       end
@@ -172,14 +194,14 @@ local function limits()
     return setmetatable({memheld = tonumber(v[2]) or 0, qu = tonumber(v[3]) or 0,
       rx = tonumber(v[4]) or 0, rc = tonumber(v[5]) or 0}, c.mt)
   end
-  local v = redis.call('HMGET', CFG, 'rps', 'burst', 'c0', 'c1', 'c2', 'c3', 'bodies', 'mem', 'memheld',
-    'qu', 'rx', 'rc')
+  local v = redis.call('HMGET', CFG, unpack(LIMITF_ALL))
   if not v[1] then
     return nil
   end
   local lim = parse_limits(v)
-  lim.memheld, lim.qu, lim.rx, lim.rc = tonumber(v[9]) or 0, tonumber(v[10]) or 0, tonumber(v[11]) or 0,
-    tonumber(v[12]) or 0
+  local k = #LIMITF
+  lim.memheld, lim.qu, lim.rx, lim.rc = tonumber(v[k + 1]) or 0, tonumber(v[k + 2]) or 0,
+    tonumber(v[k + 3]) or 0, tonumber(v[k + 4]) or 0
   return lim
 end
 
@@ -193,7 +215,7 @@ end
 -- A domain's fields. CORE is read on every load; EXTRA (the throttle's
 -- memory and the measured start rate) only where it can matter: on a
 -- throttled domain, or one without a rate ceiling.
-local CORE = {'f0', 'f1', 'f2', 'f3', 'b', 'bk', 'tk', 'ta', 'th', 'pu', 'rx'}
+local CORE = concat(CLASSF, {'b', 'bk', 'tk', 'ta', 'th', 'pu', 'rx'})
 local EXTRA = {'wm', 'da', 'bs', 'ss', 'sa', 'fs'}
 local FLOAT = {tk = true, wm = true, bs = true, ss = true}
 
@@ -209,8 +231,8 @@ local function dload(enc)
   local v = redis.call('HMGET', key, unpack(CORE))
   for i = 1, #CORE do v[i] = tonumber(v[i]) or 0 end
   local d = {enc = enc, key = key, q = P .. 'q:' .. enc, o = v, x = false,
-    f0 = v[1], f1 = v[2], f2 = v[3], f3 = v[4], b = v[5], bk = v[6], tk = v[7], ta = v[8], th = v[9],
-    pu = v[10], rx = v[11], wm = 0, da = 0, bs = 0, ss = 0, sa = 0, fs = 0}
+    wm = 0, da = 0, bs = 0, ss = 0, sa = 0, fs = 0}
+  for i, f in ipairs(CORE) do d[f] = v[i] end
   local lim = lims()
   if d.th == 1 or not lim or lim.rps == 0 then
     local e = redis.call('HMGET', key, unpack(EXTRA))

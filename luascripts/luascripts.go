@@ -20,6 +20,8 @@ import (
 	"io/fs"
 	"sort"
 	"strings"
+
+	"github.com/runbudget/runbudget/budget"
 )
 
 //go:embed *.lua
@@ -47,12 +49,15 @@ func split(name string) (shebang string, usesLib bool, body string) {
 	return shebang, strings.HasPrefix(body, libMarker), body
 }
 
+// lib returns lib.lua after the line that defines NCLASS, the number of
+// operation classes, from budget's table of classes: the scripts know a
+// class only by its index, so they never list classes of their own.
 func lib() string {
 	b, err := files.ReadFile("lib.lua")
 	if err != nil {
 		panic("luascripts: lib.lua is missing")
 	}
-	return string(b)
+	return fmt.Sprintf("local NCLASS = %d\n", budget.NumClasses) + string(b)
 }
 
 // Source returns the text of the named script (without the .lua suffix), with

@@ -29,7 +29,7 @@ end
 local i, put = 5, 0
 for _ = 1, n do
   local id = id_arg(ARGV[i], 'lease id')
-  local class = int(ARGV[i + 1], 'class', 0, 3)
+  local class = int(ARGV[i + 1], 'class', 0, NCLASS - 1)
   local mem = int(ARGV[i + 2], 'memory', 0, 9007199254740991)
   local parts = int(ARGV[i + 3], 'parts', 1, 7)
   local consumer = ARGV[i + 4] or ''

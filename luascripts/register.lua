@@ -5,15 +5,15 @@
 -- KEYS[1]  config hash
 -- ARGV[3]  limits as canonical JSON (compared byte for byte)
 -- ARGV[4]  requests per second (decimal), ARGV[5] burst,
--- ARGV[6..9] in-flight ceilings by class index, ARGV[10] open bodies,
--- ARGV[11] memory bytes
--- ARGV[12] 1 to replace differing stored limits, else 0
--- ARGV[13] 1 when this host held state under an earlier epoch that is gone
---          (Redis lost the budget): new grants then wait ARGV[14] ms, long
+-- ARGV[6]  open bodies, ARGV[7] memory bytes
+-- ARGV[8]  1 to replace differing stored limits, else 0
+-- ARGV[9]  1 when this host held state under an earlier epoch that is gone
+--          (Redis lost the budget): new grants then wait ARGV[10] ms, long
 --          enough for every live holder to re-assert its leases.
--- ARGV[14] quarantine, ms
--- ARGV[15] 1 to start a new epoch even though the config exists (Redis
+-- ARGV[10] quarantine, ms
+-- ARGV[11] 1 to start a new epoch even though the config exists (Redis
 --          restarted from a persistence file that may miss recent writes)
+-- ARGV[12..11+NCLASS] in-flight ceilings by class index
 -- Replacing limits wakes the head of every queue, which re-checks under them.
 -- Returns:
 --   {"1", epoch}            registered (or identical limits already stored)
@@ -22,14 +22,18 @@
 local json = ARGV[3]
 local rps = dec(ARGV[4], 'rate', 1e9)
 local burst = int(ARGV[5], 'burst', 0, 9007199254740991)
-local caps = {}
-for i = 0, 3 do caps[i] = int(ARGV[6 + i], 'in-flight ceiling', 0, 9007199254740991) end
-local bodies = int(ARGV[10], 'open bodies', 0, 9007199254740991)
-local mem = int(ARGV[11], 'memory', 0, 9007199254740991)
-local replace = int(ARGV[12], 'replace flag', 0, 1)
-local lost = int(ARGV[13], 'lost flag', 0, 1)
-local quarantine = int(ARGV[14], 'quarantine', 0, 86400000) * 1000
-local renew = int(ARGV[15], 'new epoch flag', 0, 1)
+local bodies = int(ARGV[6], 'open bodies', 0, 9007199254740991)
+local mem = int(ARGV[7], 'memory', 0, 9007199254740991)
+local replace = int(ARGV[8], 'replace flag', 0, 1)
+local lost = int(ARGV[9], 'lost flag', 0, 1)
+local quarantine = int(ARGV[10], 'quarantine', 0, 86400000) * 1000
+local renew = int(ARGV[11], 'new epoch flag', 0, 1)
+if #ARGV ~= 11 + NCLASS then bad('expected ' .. NCLASS .. ' in-flight ceilings') end
+local fields = {'json', json, 'rps', ARGV[4], 'burst', I(burst), 'bodies', I(bodies), 'mem', I(mem)}
+for c = 1, NCLASS do
+  fields[#fields + 1] = CAPF[c]
+  fields[#fields + 1] = I(int(ARGV[11 + c], 'in-flight ceiling', 0, 9007199254740991))
+end
 
 local now = clock()
 local stored = redis.call('HGET', CFG, 'json')
@@ -37,8 +41,7 @@ if stored and stored ~= json and replace == 0 then
   touch_cfg(now)
   return {'-3', stored}
 end
-redis.call('HSET', CFG, 'json', json, 'rps', ARGV[4], 'burst', I(burst),
-  'c0', I(caps[0]), 'c1', I(caps[1]), 'c2', I(caps[2]), 'c3', I(caps[3]), 'bodies', I(bodies), 'mem', I(mem))
+redis.call('HSET', CFG, unpack(fields))
 if stored and (renew == 1 or restarted()) then
   -- Same data, but some of it may be older than the holders' view: a new
   -- epoch makes every host re-assert, under quarantine.

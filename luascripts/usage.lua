@@ -4,8 +4,8 @@
 --
 -- KEYS[1]  config hash
 -- Returns {memheld, waiters, then per domain with anything held, queued,
--- throttled or paused: enc, f0, f1, f2, f3, bodies, factor, pause_us,
--- queue length}, all strings. {"-2"} when the budget is not registered.
+-- throttled or paused: enc, f0 .. f<NCLASS-1> (in flight by class index),
+-- bodies, factor, pause_us, queue length}, all strings. {"-2"} when the budget is not registered.
 
 local now = clock()
 local lim = lims()
@@ -22,8 +22,12 @@ for _, enc in ipairs(redis.call('ZRANGE', doms, 0, -1)) do
     local f = factor(d, now)
     local pu = math.max(0, d.pu - now)
     local ql = redis.call('ZCARD', d.q)
-    if d.f0 + d.f1 + d.f2 + d.f3 + d.b + ql > 0 or f < 1 or pu > 0 then
-      local row = {enc, I(d.f0), I(d.f1), I(d.f2), I(d.f3), I(d.b), F(f), I(pu), I(ql)}
+    local held = d.b + ql
+    for _, fc in ipairs(CLASSF) do held = held + d[fc] end
+    if held > 0 or f < 1 or pu > 0 then
+      local row = {enc}
+      for _, fc in ipairs(CLASSF) do row[#row + 1] = I(d[fc]) end
+      for _, x in ipairs({I(d.b), F(f), I(pu), I(ql)}) do row[#row + 1] = x end
       for _, x in ipairs(row) do out[#out + 1] = x end
     end
   end

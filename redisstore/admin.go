@@ -217,7 +217,7 @@ func (a *Admin) Inspect(ctx context.Context, name string, most int) (Inspection,
 		ds := DomainState{Domain: d, InFlight: map[budget.OpClass]int{}, OpenBodies: int(p.int(r["b"])),
 			RateFactor: p.float(r["factor"]), Throttled: r["throttled"] == "1",
 			Paused: time.Duration(p.int(r["pause_us"])) * time.Microsecond, Waiters: int(p.int(r["queue"]))}
-		for i, c := range budget.Classes {
+		for i, c := range budget.Classes() {
 			if n := p.int(r["f"+strconv.Itoa(i)]); n != 0 {
 				ds.InFlight[c] = int(n)
 			}
@@ -369,13 +369,13 @@ func (p *parser) domains(ds string) []budget.Domain {
 
 func (p *parser) class(s string) budget.OpClass {
 	i := p.int(s)
-	if i < 0 || int(i) >= len(budget.Classes) {
+	if i < 0 || i >= int64(budget.NumClasses) {
 		if p.err == nil {
 			p.err = fmt.Errorf("class index %d", i)
 		}
 		return ""
 	}
-	return budget.Classes[i]
+	return budget.Classes()[i]
 }
 
 func usTime(us int64) time.Time {

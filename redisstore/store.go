@@ -450,13 +450,11 @@ func (s *Store) register(ctx context.Context, l budget.Limits, replace, lost boo
 	if err != nil {
 		return fmt.Errorf("redisstore: encoding limits: %v", err)
 	}
-	caps := make([]any, 4)
-	for i, c := range budget.Classes {
-		caps[i] = l.InFlight[c]
+	args := s.args(string(js), strconv.FormatFloat(l.RequestsPerSecond, 'f', -1, 64), l.Burst,
+		l.OpenBodies, l.MemoryBytes, flag(replace), flag(lost), ms(s.ttl), 0)
+	for _, c := range budget.Classes() {
+		args = append(args, l.InFlight[c])
 	}
-	args := s.args(string(js), strconv.FormatFloat(l.RequestsPerSecond, 'f', -1, 64), l.Burst)
-	args = append(args, caps...)
-	args = append(args, l.OpenBodies, l.MemoryBytes, flag(replace), flag(lost), ms(s.ttl), 0)
 	res, err := s.run(ctx, "register", s.sc.register, args...)
 	if err != nil {
 		return err
@@ -783,7 +781,7 @@ func (s *Store) Usage(ctx context.Context) (budget.Usage, error) {
 }
 
 func decodeUsage(res []string) (budget.Usage, error) {
-	const row = 9
+	const row = budget.NumClasses + 5 // enc, counts by class, bodies, factor, pause, queue
 	if len(res) < 2 || (len(res)-2)%row != 0 {
 		return budget.Usage{}, fmt.Errorf("redisstore: usage: malformed reply of %d fields", len(res))
 	}
@@ -804,7 +802,7 @@ func decodeUsage(res []string) (budget.Usage, error) {
 			return budget.Usage{}, err
 		}
 		du := budget.DomainUsage{Domain: d}
-		for i, c := range budget.Classes {
+		for i, c := range budget.Classes() {
 			n, err := strconv.Atoi(r[1+i])
 			if err != nil {
 				return bad("in-flight count")
@@ -816,18 +814,19 @@ func decodeUsage(res []string) (budget.Usage, error) {
 				du.InFlight[c] = n
 			}
 		}
-		if du.OpenBodies, err = strconv.Atoi(r[5]); err != nil {
+		tail := r[1+budget.NumClasses : row]
+		if du.OpenBodies, err = strconv.Atoi(tail[0]); err != nil {
 			return bad("body count")
 		}
-		if du.RateFactor, err = strconv.ParseFloat(r[6], 64); err != nil {
+		if du.RateFactor, err = strconv.ParseFloat(tail[1], 64); err != nil {
 			return bad("rate factor")
 		}
-		pause, err := strconv.ParseInt(r[7], 10, 64)
+		pause, err := strconv.ParseInt(tail[2], 10, 64)
 		if err != nil {
 			return bad("pause")
 		}
 		du.Paused = time.Duration(pause) * time.Microsecond
-		if du.Waiters, err = strconv.Atoi(r[8]); err != nil {
+		if du.Waiters, err = strconv.Atoi(tail[3]); err != nil {
 			return bad("queue length")
 		}
 		u.Domains = append(u.Domains, du)

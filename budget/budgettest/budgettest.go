@@ -266,7 +266,7 @@ func testInvalidLimits(e *env) {
 		{"huge rate", budget.Limits{RequestsPerSecond: 1e300}},
 		{"negative burst", budget.Limits{RequestsPerSecond: 1, Burst: -1}},
 		{"burst without rate", budget.Limits{Burst: 3}},
-		{"unknown class", budget.Limits{InFlight: map[budget.OpClass]int{"put": 1}}},
+		{"unknown class", budget.Limits{InFlight: map[budget.OpClass]int{"rename": 1}}},
 		{"empty class", budget.Limits{InFlight: map[budget.OpClass]int{"": 1}}},
 		{"negative in-flight", budget.Limits{InFlight: map[budget.OpClass]int{budget.OpList: -1}}},
 		{"negative bodies", budget.Limits{OpenBodies: -1}},
@@ -300,7 +300,7 @@ func testInvalidRequests(e *env) {
 		want error
 	}{
 		{"no domains", budget.Request{Class: budget.OpGet}, budget.ErrInvalidRequest},
-		{"unknown class", budget.Request{Domains: []budget.Domain{dom("a")}, Class: "put"}, budget.ErrInvalidRequest},
+		{"unknown class", budget.Request{Domains: []budget.Domain{dom("a")}, Class: "rename"}, budget.ErrInvalidRequest},
 		{"empty class", budget.Request{Domains: []budget.Domain{dom("a")}}, budget.ErrInvalidRequest},
 		{"negative memory", budget.Request{Domains: []budget.Domain{dom("a")}, Class: budget.OpGet, MemoryBytes: -1}, budget.ErrInvalidRequest},
 		{"empty domain ID", get(budget.Domain{Version: 1}), budget.ErrInvalidDomain},

@@ -109,7 +109,7 @@ func formatLimits(l budget.Limits) string {
 		b.WriteString("rate -")
 	}
 	b.WriteString(";  in flight")
-	for _, c := range budget.Classes {
+	for _, c := range budget.Classes() {
 		fmt.Fprintf(&b, " %s %s", c, ceiling(l.InFlight[c]))
 	}
 	fmt.Fprintf(&b, ";  open bodies %s;  memory ", ceiling(l.OpenBodies))
@@ -127,7 +127,7 @@ func limitsSetString(l budget.Limits) string {
 		"rps=" + strconv.FormatFloat(l.RequestsPerSecond, 'f', -1, 64),
 		"burst=" + strconv.Itoa(l.Burst),
 	}
-	for _, c := range budget.Classes {
+	for _, c := range budget.Classes() {
 		parts = append(parts, string(c)+"="+strconv.Itoa(l.InFlight[c]))
 	}
 	parts = append(parts, "bodies="+strconv.Itoa(l.OpenBodies), "memory="+exactBytes(l.MemoryBytes))

@@ -157,13 +157,13 @@ func renderInspection(w io.Writer, in redisstore.Inspection) {
 	} else {
 		tw := newTable(w)
 		fmt.Fprint(tw, "DOMAIN")
-		for _, c := range budget.Classes {
+		for _, c := range budget.Classes() {
 			fmt.Fprintf(tw, "\t%s", upper(string(c)))
 		}
 		fmt.Fprintln(tw, "\tBODIES\tTOKENS\tFACTOR\tPAUSED\tWAITERS")
 		for _, d := range in.Domains {
 			fmt.Fprint(tw, d.Domain.String())
-			for _, c := range budget.Classes {
+			for _, c := range budget.Classes() {
 				fmt.Fprintf(tw, "\t%d/%s", d.InFlight[c], ceiling(in.Limits.InFlight[c]))
 			}
 			tokens := "-"

@@ -133,7 +133,7 @@ call; a host that starts later with different limits of its own is refused
 Keys (several per --set, comma separated, or several --set flags):
   rps=F                requests per second per domain
   burst=N              starts that may bunch together (0: one second's worth)
-  list=N head=N get=N copy_source_read=N
+  list=N head=N get=N copy_source_read=N put=N delete=N
                        requests in flight per class per domain
   bodies=N             open response bodies per domain
   memory=SIZE          buffer memory for the whole run: 65536, 64KiB, 16MiB, 1GB

@@ -110,8 +110,15 @@ func parseDomain(s string) (budget.Domain, error) {
 	return d, nil
 }
 
-// limitKeys are the keys of a --set list, in the order help shows them.
-var limitKeys = []string{"rps", "burst", "list", "head", "get", "copy_source_read", "bodies", "memory"}
+// limitKeys are the keys of a --set list, in the order help shows them:
+// every class of budget's table names its in-flight ceiling.
+var limitKeys = func() []string {
+	keys := []string{"rps", "burst"}
+	for _, c := range budget.Classes() {
+		keys = append(keys, string(c))
+	}
+	return append(keys, "bodies", "memory")
+}()
 
 // applyLimitSet applies "key=value" assignments (each argument may hold
 // several, separated by commas) to l and returns the result. A key names
@@ -156,25 +163,30 @@ func applyLimitSet(l budget.Limits, sets []string) (budget.Limits, error) {
 					return budget.Limits{}, bad(err.Error())
 				}
 				out.MemoryBytes = n
-			case "burst", "bodies", "list", "head", "get", "copy_source_read":
+			case "burst", "bodies":
 				n, err := strconv.Atoi(val)
 				if err != nil || n < 0 {
 					return budget.Limits{}, bad("want a whole number, zero or more")
 				}
-				switch key {
-				case "burst":
+				if key == "burst" {
 					out.Burst, burstSet = n, true
-				case "bodies":
+				} else {
 					out.OpenBodies = n
-				default:
-					if n == 0 {
-						delete(out.InFlight, budget.OpClass(key))
-					} else {
-						out.InFlight[budget.OpClass(key)] = n
-					}
 				}
 			default:
-				return budget.Limits{}, usageError("--set: unknown key %s (keys: %s)", strconv.Quote(key), strings.Join(limitKeys, ", "))
+				c := budget.OpClass(key)
+				if c.Index() < 0 {
+					return budget.Limits{}, usageError("--set: unknown key %s (keys: %s)", strconv.Quote(key), strings.Join(limitKeys, ", "))
+				}
+				n, err := strconv.Atoi(val)
+				if err != nil || n < 0 {
+					return budget.Limits{}, bad("want a whole number, zero or more")
+				}
+				if n == 0 {
+					delete(out.InFlight, c)
+				} else {
+					out.InFlight[c] = n
+				}
 			}
 		}
 	}
