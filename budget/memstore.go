@@ -610,4 +610,24 @@ func secondsToDuration(s float64) time.Duration {
 // NewLocalStore returns an in-process Store: what New uses when no store is
 // given. Several Budgets built WithStore over one local store share one
 // budget, as hosts do over Redis; closing one does not affect the others.
-func NewLocalStore() Store { return newMemStore(time.Now) }
+func NewLocalStore(opts ...LocalOption) Store {
+	s := newMemStore(time.Now)
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// LocalOption configures NewLocalStore.
+type LocalOption func(*memStore)
+
+// LocalClock makes the store read time from now instead of time.Now: tests
+// step it to drive the token bucket, pauses and throttle recovery, as
+// redisstore's tests step the time its scripts see. A nil now is ignored.
+func LocalClock(now func() time.Time) LocalOption {
+	return func(s *memStore) {
+		if now != nil {
+			s.now = now
+		}
+	}
+}
