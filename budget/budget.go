@@ -38,6 +38,7 @@ type options struct {
 	replace bool
 	grace   time.Duration
 	now     func() time.Time
+	obs     Observer
 }
 
 // WithStore keeps the budget's state in s instead of in this process. The
@@ -76,13 +77,18 @@ type Budget struct {
 	grace  time.Duration
 	now    func() time.Time
 	keeper *lease.Keeper // nil when the store never expires leases
-	// local is set for the in-process store, whose calls cannot hang: the
-	// admission path then skips the clock reads and per-call deadlines that
-	// any other store needs.
+	obs    Observer      // nil: nothing observed
+	// local is set for a NonBlocking store, whose calls cannot hang: the
+	// admission path then skips the clock reads and per-call deadlines
+	// that any other store needs.
 	local bool
 
 	idPrefix string
 	idSeq    atomic.Uint64
+
+	held      atomic.Int64 // leases granted here, not yet released in full
+	waiting   atomic.Int64 // Acquire calls waiting
+	leaseOpts []lease.Option
 
 	mu      sync.RWMutex
 	closed  bool
@@ -112,16 +118,21 @@ func New(limits Limits, opts ...Option) (*Budget, error) {
 	if o.store == nil {
 		o.store = newMemStore(o.now)
 	}
-	_, local := o.store.(*memStore)
+	if o.obs != nil {
+		o.store = observedStore{Store: o.store, obs: o.obs}
+	}
 	b := &Budget{
 		store:    o.store,
 		limits:   nl,
 		grace:    o.grace,
 		now:      o.now,
-		local:    local,
+		obs:      o.obs,
+		local:    nonBlocking(o.store),
 		idPrefix: uuid.NewString() + ".",
 		done:     make(chan struct{}),
 	}
+	// Built once: a lease option made per Acquire would cost an allocation.
+	b.leaseOpts = []lease.Option{lease.OnReleased(func() { b.held.Add(-1) })}
 	ctx, cancel := context.WithTimeout(context.Background(), o.grace+time.Second)
 	defer cancel()
 	if err := b.retry(ctx, func(ctx context.Context) error { return b.store.Register(ctx, nl, o.replace) }); err != nil {
@@ -129,7 +140,13 @@ func New(limits Limits, opts ...Option) (*Budget, error) {
 		return nil, err
 	}
 	if ttl := b.store.LeaseTTL(); ttl > 0 {
-		if b.keeper, err = lease.NewKeeper(b.store, ttl, lease.WithClock(o.now)); err != nil {
+		kopts := []lease.KeeperOption{lease.WithClock(o.now)}
+		if o.obs != nil {
+			kopts = append(kopts, lease.WithLostHook(func(id string) {
+				o.obs.ObserveLeaseLost(LeaseLostEvent{LeaseID: id})
+			}))
+		}
+		if b.keeper, err = lease.NewKeeper(b.store, ttl, kopts...); err != nil {
 			b.store.Close()
 			return nil, err
 		}
@@ -164,13 +181,22 @@ func (b *Budget) newID() string {
 // for the grace period, the error wraps ErrUnavailable; nothing is ever
 // admitted without the store. After Close it returns ErrClosed.
 func (b *Budget) Acquire(ctx context.Context, req Request) (*Lease, error) {
-	nreq, err := req.normalize(true)
+	if b.obs == nil {
+		return b.acquire(ctx, req)
+	}
+	start := b.now()
+	l, err := b.acquire(ctx, req)
+	b.obs.ObserveAcquire(AcquireEvent{Class: req.Class, Domains: req.Domains, Outcome: outcomeOf(err),
+		Waited: b.now().Sub(start), Err: err})
+	return l, err
+}
+
+// acquire is Acquire's work: check the request, try once on the fast path
+// a NonBlocking store allows, and otherwise wait in line.
+func (b *Budget) acquire(ctx context.Context, req Request) (*Lease, error) {
+	nreq, err := b.admissible(req)
 	if err != nil {
 		return nil, err
-	}
-	if b.limits.MemoryBytes > 0 && nreq.MemoryBytes > b.limits.MemoryBytes {
-		return nil, fmt.Errorf("%w: %d bytes of memory asked, the run's ceiling is %d",
-			ErrNeverAdmissible, nreq.MemoryBytes, b.limits.MemoryBytes)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -182,113 +208,163 @@ func (b *Budget) Acquire(ctx context.Context, req Request) (*Lease, error) {
 	}
 	id := b.newID()
 	if b.local {
-		// The in-process store answers without blocking: a first try under
+		// A NonBlocking store answers without waiting: a first try under
 		// the read lock (which Close waits for) needs none of the
 		// bookkeeping of a call that may wait. Anything but a grant goes
 		// the long way, which asks again (calls are idempotent by ID).
 		if att, err := b.store.TryAcquire(ctx, id, nreq); err == nil && att.Outcome == Granted {
 			b.mu.RUnlock()
-			return lease.New(id, nreq.Parts(), b.store), nil
+			return b.newLease(id, nreq), nil
 		}
 	}
 	b.active.Add(1)
 	b.mu.RUnlock()
 	defer b.active.Done()
+	return b.wait(ctx, id, nreq)
+}
 
+// admissible validates req and returns it in normal form, or the error for
+// a request that is malformed or could never fit.
+func (b *Budget) admissible(req Request) (Request, error) {
+	nreq, err := req.normalize(true)
+	if err != nil {
+		return Request{}, err
+	}
+	if b.limits.MemoryBytes > 0 && nreq.MemoryBytes > b.limits.MemoryBytes {
+		return Request{}, fmt.Errorf("%w: %d bytes of memory asked, the run's ceiling is %d",
+			ErrNeverAdmissible, nreq.MemoryBytes, b.limits.MemoryBytes)
+	}
+	return nreq, nil
+}
+
+// wait asks the store for waiter id until it is granted, sleeping between
+// attempts on what the store said (a wake, a computed delay) and riding out
+// an outage within the grace. Every way out but a grant takes id out of
+// the store.
+func (b *Budget) wait(ctx context.Context, id string, req Request) (*Lease, error) {
+	b.waiting.Add(1)
+	defer b.waiting.Add(-1)
 	var (
-		timer     *time.Timer // stopped after every wait, so no return leaves it running
-		downSince time.Time   // first failure of the current outage
-		backoff   = 10 * time.Millisecond
+		timer *time.Timer // stopped after every sleep, so no return leaves it running
+		down  = outage{backoff: minBackoff}
 	)
 	for {
 		var sent time.Time // when the call went out: a lease's TTL starts after it
 		if !b.local {
 			sent = b.now()
 		}
-		att, err := b.tryAcquire(ctx, id, nreq, downSince)
+		att, err := b.tryAcquire(ctx, id, req, down.since)
 		if err != nil {
-			if ctx.Err() != nil {
-				b.abandon(id)
-				return nil, ctx.Err()
-			}
-			if !errors.Is(err, ErrUnavailable) {
-				b.abandon(id)
-				return nil, err
-			}
-			if downSince.IsZero() {
-				downSince = sent
-			}
-			if b.now().Sub(downSince) >= b.grace {
-				b.abandon(id)
-				return nil, err
-			}
-			// Back off (doubling, capped) before the next try.
-			att = Attempt{Outcome: Delayed, Wait: min(backoff, b.grace-b.now().Sub(downSince))}
-			backoff = min(2*backoff, time.Second)
+			att, err = b.ride(ctx, &down, err, sent)
 		} else {
-			downSince, backoff = time.Time{}, 10*time.Millisecond
+			down = outage{backoff: minBackoff}
 		}
-
-		if att.Outcome == Granted {
-			if ctx.Err() != nil {
-				// Granted in the same moment the caller gave up: give it back.
-				b.abandon(id)
-				return nil, ctx.Err()
+		if err == nil && att.Outcome == Granted {
+			if err = ctx.Err(); err == nil {
+				return b.track(b.newLease(id, req), sent.Add(-att.GrantedAgo)), nil
 			}
-			l := lease.New(id, nreq.Parts(), b.store)
-			if b.keeper != nil {
-				b.keeper.Track(l, sent.Add(-att.GrantedAgo))
-			}
-			return l, nil
+			// Granted in the same moment the caller gave up: give it back.
 		}
-
-		// Queued or Delayed: sleep until woken, until the wait is over, or,
-		// when the store expires waiters, until the next liveness call is due.
-		// That call also recovers from a wake that was lost on the way.
-		wait := time.Duration(-1)
-		if b.keeper != nil {
-			wait = b.keeper.Interval()
+		if err == nil {
+			err = b.sleep(ctx, att, &timer)
 		}
-		if att.Outcome == Delayed && (wait < 0 || att.Wait < wait) {
-			wait = max(att.Wait, time.Microsecond)
-		}
-		var tick <-chan time.Time
-		if wait >= 0 {
-			if timer == nil {
-				timer = time.NewTimer(wait)
-			} else {
-				timer.Reset(wait)
-			}
-			tick = timer.C
-		}
-		var stop error
-		select {
-		case <-att.Wake:
-		case <-tick:
-		case <-ctx.Done():
-			stop = ctx.Err()
-		case <-b.done:
-			stop = ErrClosed
-		}
-		if timer != nil {
-			timer.Stop()
-		}
-		if stop == nil && att.handoff != nil && att.handoff.Load() {
-			// Granted by a handoff in this process's store: the lease is
-			// recorded there already.
-			if stop = ctx.Err(); stop == nil {
-				return lease.New(id, nreq.Parts(), b.store), nil
+		if err == nil && att.Handoff != nil && att.Handoff.Load() {
+			// Granted by a handoff the store recorded in full: no call
+			// needed to collect it.
+			if err = ctx.Err(); err == nil {
+				return b.newLease(id, req), nil
 			}
 		}
-		if stop != nil {
+		if err != nil {
 			b.abandon(id)
-			return nil, stop
+			return nil, err
 		}
 	}
 }
 
-// tryAcquire makes one store call. Unless the store is the in-process one,
-// the call is bounded by the grace (counted from the start of an outage
+// minBackoff is the first pause after a failed store call; it doubles on
+// each failure of one outage, up to a second.
+const minBackoff = 10 * time.Millisecond
+
+// outage is the state of a run of failed store calls.
+type outage struct {
+	since   time.Time // when the first failed call of the outage was sent; zero when none
+	backoff time.Duration
+}
+
+// ride decides what a failed store call means: the end of ctx, an error to
+// return, or, while the store has been unavailable for less than the
+// grace, a Delayed attempt that backs off before the next try.
+func (b *Budget) ride(ctx context.Context, o *outage, err error, sent time.Time) (Attempt, error) {
+	if ctx.Err() != nil {
+		return Attempt{}, ctx.Err()
+	}
+	if !errors.Is(err, ErrUnavailable) {
+		return Attempt{}, err
+	}
+	if o.since.IsZero() {
+		o.since = sent
+	}
+	left := b.grace - b.now().Sub(o.since)
+	if left <= 0 {
+		return Attempt{}, err
+	}
+	att := Attempt{Outcome: Delayed, Wait: min(o.backoff, left)}
+	o.backoff = min(2*o.backoff, time.Second)
+	return att, nil
+}
+
+// sleep waits after an attempt that was not granted: until the store's wake,
+// until a Delayed attempt's wait is over, or, when the store expires
+// waiters, until the next liveness call is due (which also recovers from a
+// wake lost on the way). It returns ctx's error or ErrClosed when either
+// ends first. *timer is reused across sleeps and stopped after each.
+func (b *Budget) sleep(ctx context.Context, att Attempt, timer **time.Timer) error {
+	wait := time.Duration(-1)
+	if b.keeper != nil {
+		wait = b.keeper.Interval()
+	}
+	if att.Outcome == Delayed && (wait < 0 || att.Wait < wait) {
+		wait = max(att.Wait, time.Microsecond)
+	}
+	var tick <-chan time.Time
+	if wait >= 0 {
+		if *timer == nil {
+			*timer = time.NewTimer(wait)
+		} else {
+			(*timer).Reset(wait)
+		}
+		tick = (*timer).C
+		defer (*timer).Stop()
+	}
+	select {
+	case <-att.Wake:
+	case <-tick:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-b.done:
+		return ErrClosed
+	}
+	return nil
+}
+
+// newLease returns the lease for a grant of req under id.
+func (b *Budget) newLease(id string, req Request) *Lease {
+	b.held.Add(1)
+	return lease.New(id, req.Parts(), b.store, b.leaseOpts...)
+}
+
+// track hands l to the keeper, when the store expires leases; the store's
+// TTL for it started no earlier than grantedAt.
+func (b *Budget) track(l *Lease, grantedAt time.Time) *Lease {
+	if b.keeper != nil {
+		b.keeper.Track(l, grantedAt)
+	}
+	return l
+}
+
+// tryAcquire makes one store call. Unless the store is NonBlocking, the
+// call is bounded by the grace (counted from the start of an outage
 // already under way), so a hung or unreachable store turns into
 // ErrUnavailable on time; the caller's own deadline still applies.
 func (b *Budget) tryAcquire(ctx context.Context, id string, req Request, downSince time.Time) (Attempt, error) {
@@ -343,7 +419,15 @@ func (b *Budget) Throttle(ctx context.Context, d Domain, retryAfter time.Duratio
 	if b.isClosed() {
 		return ErrClosed
 	}
-	return b.retry(ctx, func(ctx context.Context) error { return b.store.Throttle(ctx, d, retryAfter) })
+	var factor float64
+	err := b.retry(ctx, func(ctx context.Context) (err error) {
+		factor, err = b.store.Throttle(ctx, d, retryAfter)
+		return err
+	})
+	if err == nil && b.obs != nil {
+		b.obs.ObserveThrottle(ThrottleEvent{Domain: d, RetryAfter: retryAfter, Factor: factor})
+	}
+	return err
 }
 
 // Usage returns a consistent snapshot of the budget: per domain in flight

@@ -55,6 +55,10 @@ const handoffMax = 32
 // can go, so looking on every call would only burn time on the hot path.
 const sweepEvery = 32
 
+// sweepMax bounds the domains one sweep looks at, as lib.lua's RECLAIM
+// bounds what one script reclaims: no call pays for a large backlog.
+const sweepMax = 16
+
 type domainState struct {
 	d        Domain
 	queue    list.List // *waiter, oldest first
@@ -111,7 +115,10 @@ func newMemStore(now func() time.Time) *memStore {
 	}
 }
 
-var _ Store = (*memStore)(nil)
+var (
+	_ Store       = (*memStore)(nil)
+	_ NonBlocking = (*memStore)(nil)
+)
 
 func (s *memStore) Register(_ context.Context, limits Limits, replace bool) error {
 	s.mu.Lock()
@@ -127,6 +134,9 @@ func (s *memStore) Register(_ context.Context, limits Limits, replace bool) erro
 
 func (s *memStore) LeaseTTL() time.Duration { return 0 }
 func (s *memStore) Close() error            { return nil }
+
+// NonBlocking implements NonBlocking: every call is a mutex and map work.
+func (s *memStore) NonBlocking() bool { return true }
 
 func (s *memStore) TryAcquire(_ context.Context, id string, req Request) (Attempt, error) {
 	s.mu.Lock()
@@ -191,7 +201,7 @@ func (s *memStore) TryAcquire(_ context.Context, id string, req Request) (Attemp
 func (s *memStore) attempt(w *waiter, now time.Time) Attempt {
 	for i, ds := range w.doms {
 		if ds.queue.Front() != w.elems[i] {
-			return Attempt{Outcome: Queued, Wake: w.wake, handoff: &w.granted}
+			return Attempt{Outcome: Queued, Wake: w.wake, Handoff: &w.granted}
 		}
 	}
 	slot, mem, wait := s.check(w.doms, w.req, now, w.ticket)
@@ -202,9 +212,9 @@ func (s *memStore) attempt(w *waiter, now time.Time) Attempt {
 	}
 	switch {
 	case slot || mem:
-		return Attempt{Outcome: Queued, Wake: w.wake, handoff: &w.granted}
+		return Attempt{Outcome: Queued, Wake: w.wake, Handoff: &w.granted}
 	case wait > 0:
-		return Attempt{Outcome: Delayed, Wait: wait, Wake: w.wake, handoff: &w.granted}
+		return Attempt{Outcome: Delayed, Wait: wait, Wake: w.wake, Handoff: &w.granted}
 	}
 	s.grant(w.id, &memLease{}, w.doms, w.req, now)
 	s.removeWaiter(w)
@@ -425,7 +435,7 @@ func (s *memStore) Heartbeat(_ context.Context, ids []string) ([]string, error) 
 	return missing, nil
 }
 
-func (s *memStore) Throttle(_ context.Context, d Domain, retryAfter time.Duration) error {
+func (s *memStore) Throttle(_ context.Context, d Domain, retryAfter time.Duration) (float64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
@@ -463,7 +473,7 @@ func (s *memStore) Throttle(_ context.Context, d Domain, retryAfter time.Duratio
 			ds.tokensAt = ds.pauseUntil
 		}
 	}
-	return nil
+	return s.factor(ds, now), nil
 }
 
 // factor is the domain's rate factor at now (1 when not throttled).
@@ -542,7 +552,7 @@ func (s *memStore) maybeIdle(ds *domainState) {
 func (s *memStore) sweep(now time.Time) {
 	n := 0
 	for ds := range s.draining {
-		if n == 4 {
+		if n == sweepMax {
 			return
 		}
 		n++

@@ -44,8 +44,9 @@ type Store interface {
 	Heartbeat(ctx context.Context, ids []string) (missing []string, err error)
 
 	// Throttle records that the provider throttled a request on d (valid);
-	// retryAfter, when positive, pauses new starts on d for that long.
-	Throttle(ctx context.Context, d Domain, retryAfter time.Duration) error
+	// retryAfter, when positive, pauses new starts on d for that long. It
+	// returns the domain's rate factor after the report.
+	Throttle(ctx context.Context, d Domain, retryAfter time.Duration) (factor float64, err error)
 
 	// Usage returns a consistent snapshot of the budget.
 	Usage(ctx context.Context) (Usage, error)
@@ -102,9 +103,28 @@ type Attempt struct {
 	// the grant (a handoff, or a repeated call), by the store's clock. The
 	// lease's TTL runs from the grant, so renewals count from then.
 	GrantedAgo time.Duration
+	// Handoff, optional for Queued and Delayed, is set by the store, before
+	// it signals Wake, when another call's handoff granted the waiter: the
+	// lease is recorded in full, so the Budget returns it on the wake
+	// without calling TryAcquire again. A store that leaves it nil is asked
+	// again, and answers Granted. It suits stores whose grants need no
+	// follow-up from the waiter (no TTL to start, nothing to record).
+	Handoff *atomic.Bool
+}
 
-	// handoff, set by the in-process store for a waiting attempt, reads
-	// true once another call's handoff granted the waiter: Acquire then
-	// returns on the wake without asking again.
-	handoff *atomic.Bool
+// NonBlocking is an optional interface of a Store. A store whose calls all
+// finish in this process without waiting on I/O, and never fail with
+// ErrUnavailable, says so with NonBlocking returning true. The Budget then
+// makes an Acquire's first attempt under its own read lock, with none of
+// the bookkeeping a call that may hang needs, and skips the clock reads and
+// per-call deadlines that bound calls to a remote store. The in-process
+// store is one; a store that wraps another should forward the answer.
+type NonBlocking interface {
+	NonBlocking() bool
+}
+
+// nonBlocking reports whether s declares itself NonBlocking.
+func nonBlocking(s Store) bool {
+	nb, ok := s.(NonBlocking)
+	return ok && nb.NonBlocking()
 }

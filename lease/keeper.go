@@ -30,6 +30,7 @@ type Keeper struct {
 	ttl      time.Duration
 	interval time.Duration
 	now      func() time.Time
+	onLost   func(id string)
 
 	mu      sync.Mutex
 	leases  map[string]*Lease
@@ -52,6 +53,14 @@ func WithClock(now func() time.Time) KeeperOption {
 			k.now = now
 		}
 	}
+}
+
+// WithLostHook makes the keeper call f with a lease's ID each time it marks
+// one of its leases lost (the store no longer has it, it went a TTL
+// unrenewed, or Stop found it still held). f runs on the keeper's goroutine
+// (or Stop's) and must not block.
+func WithLostHook(f func(id string)) KeeperOption {
+	return func(k *Keeper) { k.onLost = f }
 }
 
 // NewKeeper starts a keeper that renews leases of r every ttl/3. Stop ends it.

@@ -750,22 +750,29 @@ func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
 }
 
 // Throttle implements budget.Store.
-func (s *Store) Throttle(ctx context.Context, d budget.Domain, retryAfter time.Duration) error {
+func (s *Store) Throttle(ctx context.Context, d budget.Domain, retryAfter time.Duration) (float64, error) {
 	args := s.args(encodeDomain(d), strconv.FormatInt(retryAfter.Microseconds(), 10), ms(s.ttl))
 	for range 2 {
 		res, err := s.run(ctx, "throttle", s.sc.throttle, args...)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if res[0] == "-2" {
 			if err := s.reregister(ctx); err != nil {
-				return err
+				return 0, err
 			}
 			continue
 		}
-		return nil
+		if len(res) < 2 {
+			return 0, fmt.Errorf("redisstore: throttle: unexpected reply %q", res)
+		}
+		f, err := strconv.ParseFloat(res[1], 64)
+		if err != nil || !(f > 0 && f <= 1) {
+			return 0, fmt.Errorf("redisstore: throttle: malformed factor %q", res[1])
+		}
+		return f, nil
 	}
-	return fmt.Errorf("redisstore: throttle: %w: budget config keeps disappearing", budget.ErrUnavailable)
+	return 0, fmt.Errorf("redisstore: throttle: %w: budget config keeps disappearing", budget.ErrUnavailable)
 }
 
 // Usage implements budget.Store.
