@@ -86,7 +86,7 @@ type Budget struct {
 	idPrefix string
 	idSeq    atomic.Uint64
 
-	held      atomic.Int64 // leases granted here, not yet released in full
+	held      atomic.Int64 // leases granted here, not yet released in full (counted when observed)
 	waiting   atomic.Int64 // Acquire calls waiting
 	leaseOpts []lease.Option
 
@@ -131,8 +131,13 @@ func New(limits Limits, opts ...Option) (*Budget, error) {
 		idPrefix: uuid.NewString() + ".",
 		done:     make(chan struct{}),
 	}
-	// Built once: a lease option made per Acquire would cost an allocation.
-	b.leaseOpts = []lease.Option{lease.OnReleased(func() { b.held.Add(-1) })}
+	if o.obs != nil {
+		// Leases are counted for HostStats only when observed: an
+		// unobserved budget does not pay two atomic operations per lease.
+		// Built once: a lease option made per Acquire would cost an
+		// allocation.
+		b.leaseOpts = []lease.Option{lease.OnReleased(func() { b.held.Add(-1) })}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.grace+time.Second)
 	defer cancel()
 	if err := b.retry(ctx, func(ctx context.Context) error { return b.store.Register(ctx, nl, o.replace) }); err != nil {
@@ -350,7 +355,9 @@ func (b *Budget) sleep(ctx context.Context, att Attempt, timer **time.Timer) err
 
 // newLease returns the lease for a grant of req under id.
 func (b *Budget) newLease(id string, req Request) *Lease {
-	b.held.Add(1)
+	if b.leaseOpts != nil {
+		b.held.Add(1)
+	}
 	return lease.New(id, req.Parts(), b.store, b.leaseOpts...)
 }
 
