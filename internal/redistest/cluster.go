@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/runbudget/runbudget/internal/childproc"
 )
 
 // clusterSlots is the number of hash slots of every Redis Cluster.
@@ -94,7 +96,7 @@ func StartCluster(t testing.TB, masters, replicas int, opts ...Option) *Cluster 
 	args := append([]string{"--cluster", "create"}, c.Addrs()...)
 	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	cmd := exec.CommandContext(ctx, cli, args...)
-	cmd.SysProcAttr = sysProcAttr()
+	childproc.DieWithParent(cmd)
 	if password != "" {
 		// The environment rather than -a keeps the password out of ps.
 		cmd.Env = append(os.Environ(), "REDISCLI_AUTH="+password)

@@ -5,6 +5,9 @@
 //
 // Every server listens on a random loopback port in its own temporary
 // directory and dies with its test, so test packages can run in parallel.
+// It runs on Unix-like systems (Linux, macOS, the BSDs); on Linux a server
+// also dies with a crashed test binary. Elsewhere Require and Start skip
+// the test and say why.
 package redistest
 
 import (
@@ -21,11 +24,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/runbudget/runbudget/internal/childproc"
 )
 
 const (
@@ -53,10 +57,13 @@ const (
 )
 
 // Path returns the redis-server binary path, or an error naming what is
-// missing and how to install it.
+// missing and how to install it, or why this OS cannot run the harness.
 func Path() (string, error) { return lookTool("redis-server") }
 
 func lookTool(name string) (string, error) {
+	if errPlatform != nil {
+		return "", errPlatform
+	}
 	p, err := exec.LookPath(name)
 	if err != nil {
 		return "", fmt.Errorf("redistest: %w (Debian/Ubuntu: apt-get install redis-server redis-tools)", err)
@@ -64,10 +71,13 @@ func lookTool(name string) (string, error) {
 	return p, nil
 }
 
-// Require skips the test when redis-server is missing, unless the
-// environment says CI (CI=true, or any value strconv.ParseBool accepts as
-// true): there it fails the test, because a CI run that silently skipped every
-// Redis test would look green while testing nothing.
+// Require skips the test when redis-server cannot run here, and says why:
+// it is missing, or this OS lacks what the harness needs (Unix signals;
+// macOS and the BSDs have them, Windows does not). A missing redis-server
+// fails the test instead when the environment says CI (CI=true, or any
+// value strconv.ParseBool accepts as true): a CI run that silently skipped
+// every Redis test would look green while testing nothing. An unfit OS
+// skips even under CI, since no install can fix it.
 func Require(t testing.TB) {
 	t.Helper()
 	requireTool(t, "redis-server")
@@ -79,11 +89,27 @@ func requireTool(t testing.TB, name string) string {
 	if err == nil {
 		return p
 	}
-	if inCI() {
-		t.Fatalf("%v; CI is set, so a missing %s fails the test instead of skipping it", err, name)
+	fail, msg := verdict(err, name, inCI())
+	if fail {
+		t.Fatal(msg)
 	}
-	t.Skipf("%v; skipping (with CI=true this is a failure)", err)
+	t.Skip(msg)
 	return ""
+}
+
+// errUnfitOS is wrapped by errPlatform on an OS the harness cannot run on.
+var errUnfitOS = errors.New("redistest: this OS cannot run redis-server tests")
+
+// verdict decides what a test does when name cannot be used: fail (true)
+// or skip, with the message to give.
+func verdict(err error, name string, ci bool) (fail bool, msg string) {
+	switch {
+	case errors.Is(err, errUnfitOS):
+		return false, fmt.Sprintf("%v; skipping (also under CI: no install can fix this)", err)
+	case ci:
+		return true, fmt.Sprintf("%v; CI is set, so a missing %s fails the test instead of skipping it", err, name)
+	}
+	return false, fmt.Sprintf("%v; skipping (with CI=true this is a failure)", err)
 }
 
 func inCI() bool {
@@ -349,7 +375,7 @@ func (s *Server) launch() error {
 	cmd.Dir = s.dir
 	cmd.Stdout = stdio
 	cmd.Stderr = stdio
-	cmd.SysProcAttr = sysProcAttr()
+	childproc.DieWithParent(cmd) // no orphan server if the test binary crashes
 	err = cmd.Start()
 	stdio.Close() // the child holds its own copy
 	if err != nil {
@@ -552,7 +578,7 @@ func (s *Server) Kill() {
 	if p == nil {
 		return
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	_ = p.cmd.Process.Kill()
 	<-p.done
 }
 
@@ -567,15 +593,15 @@ func (s *Server) Stop() {
 	if p == nil || p.exited() {
 		return
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	_ = p.cmd.Process.Signal(syscall.SIGCONT)
+	_ = p.cmd.Process.Signal(sigTerm)
+	_ = p.cmd.Process.Signal(sigCont)
 	s.setPaused(false)
 	timer := time.NewTimer(stopTimeout)
 	defer timer.Stop()
 	select {
 	case <-p.done:
 	case <-timer.C:
-		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		_ = p.cmd.Process.Kill()
 		<-p.done
 	}
 }
@@ -589,7 +615,7 @@ func (s *Server) Pause() {
 	if p == nil || p.exited() {
 		return
 	}
-	if p.cmd.Process.Signal(syscall.SIGSTOP) == nil {
+	if p.cmd.Process.Signal(sigStop) == nil {
 		s.setPaused(true)
 		waitStopped(p.cmd.Process.Pid, p.done)
 	}
@@ -602,7 +628,7 @@ func (s *Server) Resume() {
 	if p == nil || p.exited() {
 		return
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGCONT)
+	_ = p.cmd.Process.Signal(sigCont)
 	s.setPaused(false)
 }
 

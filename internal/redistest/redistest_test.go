@@ -1,20 +1,14 @@
 package redistest
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -400,77 +394,6 @@ func TestClusterWithReplicasFailsOver(t *testing.T) {
 	}
 }
 
-// TestHelperProcessOrphan is not a test: TestNoOrphanAfterCrash runs the test
-// binary again with this test selected, then kills it.
-func TestHelperProcessOrphan(t *testing.T) {
-	if os.Getenv("REDISTEST_HELPER") != "orphan" {
-		t.Skip("runs only as TestNoOrphanAfterCrash's subprocess")
-	}
-	s := Start(t)
-	fmt.Printf("PID %d\n", s.Pid())
-	_, _ = io.ReadAll(os.Stdin) // hold the server until killed
-}
-
-// TestNoOrphanAfterCrash guards against redis-server outliving a test binary
-// that was killed, where no cleanup runs.
-func TestNoOrphanAfterCrash(t *testing.T) {
-	t.Parallel()
-	if runtime.GOOS != "linux" {
-		t.Skip("Pdeathsig is Linux-only")
-	}
-	Require(t)
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe, "-test.run=^TestHelperProcessOrphan$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "REDISTEST_HELPER=orphan")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stdin.Close()
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var pid int
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if _, serr := fmt.Sscanf(line, "PID %d", &pid); err != nil || serr != nil {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		t.Fatalf("subprocess said %q (%v)", line, err)
-	}
-	if !alive(pid) {
-		t.Fatalf("redis-server %d not running while its test runs", pid)
-	}
-	_ = cmd.Process.Kill()
-	_ = cmd.Wait()
-
-	deadline := time.Now().Add(5 * time.Second)
-	for alive(pid) {
-		if time.Now().After(deadline) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			t.Fatalf("redis-server %d survived its killed test binary", pid)
-		}
-		time.Sleep(10 * time.Millisecond) // nothing signals another process's death to us
-	}
-}
-
-// alive reports whether pid is a live process; a zombie (dead, not yet reaped
-// by its new parent) counts as dead.
-func alive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
-}
-
 // TestHelperProcessRequire is not a test: TestRequire runs the test binary
 // again with this test selected and a changed environment.
 func TestHelperProcessRequire(t *testing.T) {
@@ -483,6 +406,9 @@ func TestHelperProcessRequire(t *testing.T) {
 
 func TestRequire(t *testing.T) {
 	t.Parallel()
+	if errPlatform != nil {
+		t.Skipf("Require skips here whatever PATH holds: %v", errPlatform)
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -528,5 +454,27 @@ func TestRequire(t *testing.T) {
 				t.Errorf("Require returned without redis-server:\n%s", out)
 			}
 		})
+	}
+}
+
+// TestVerdict: a missing tool fails under CI and skips elsewhere; an OS the
+// harness cannot run on skips in both cases, and every message says why.
+func TestVerdict(t *testing.T) {
+	missing := &exec.Error{Name: "redis-server", Err: exec.ErrNotFound}
+	unfit := fmt.Errorf("%w: no SIGSTOP here", errUnfitOS)
+	for _, tc := range []struct {
+		err      error
+		ci, fail bool
+		want     string
+	}{
+		{missing, false, false, "with CI=true this is a failure"},
+		{missing, true, true, "CI is set, so a missing redis-server fails the test"},
+		{unfit, false, false, "no SIGSTOP here; skipping (also under CI"},
+		{unfit, true, false, "no SIGSTOP here; skipping (also under CI"},
+	} {
+		fail, msg := verdict(tc.err, "redis-server", tc.ci)
+		if fail != tc.fail || !strings.Contains(msg, tc.want) {
+			t.Errorf("verdict(%v, CI=%v) = %v, %q; want %v and a message with %q", tc.err, tc.ci, fail, msg, tc.fail, tc.want)
+		}
 	}
 }

@@ -4,20 +4,8 @@ import (
 	"bytes"
 	"os"
 	"strconv"
-	"syscall"
 	"time"
 )
-
-// sysProcAttr makes the kernel SIGKILL redis-server when the test binary
-// dies, so a crashed or killed test leaves no orphan server behind.
-//
-// Pdeathsig fires when the OS thread that forked the child exits, not the
-// process. The Go runtime only ends a thread when a goroutine that locked it
-// (runtime.LockOSThread) exits without unlocking, so do not start servers from
-// such a goroutine.
-func sysProcAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-}
 
 // waitStopped waits, for at most a second, until /proc reports pid stopped
 // (state T) or the process has exited. SIGSTOP takes effect when the target
@@ -40,6 +28,6 @@ func waitStopped(pid int, done <-chan struct{}) {
 		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'T' {
 			return
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // no event announces another process's stop
 	}
 }
