@@ -1,18 +1,15 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/runbudget/runbudget/internal/childproc"
 )
 
 // envWorker carries a worker's spec (JSON). A process started with it set
@@ -21,8 +18,9 @@ import (
 // get them without a second binary.
 const envWorker = "RUNBUDGET_BENCH_WORKER"
 
-// live holds the IDs of the processes this program started and has not yet
-// waited for; the test checks that a run leaves none behind.
+// live holds the IDs of the redis-server processes this program started
+// and has not yet waited for; workers are listed by childproc.Running. The
+// test checks that a run leaves neither behind.
 var live = struct {
 	sync.Mutex
 	pids map[int]bool
@@ -40,10 +38,12 @@ func untrack(pid int) {
 	live.Unlock()
 }
 
+// livePids returns every process the run started that has not been waited
+// for: redis-servers and workers.
 func livePids() []int {
 	live.Lock()
 	defer live.Unlock()
-	var out []int
+	out := childproc.Running()
 	for p := range live.pids {
 		out = append(out, p)
 	}
@@ -68,59 +68,30 @@ const replyTimeout = 60 * time.Second
 
 // worker is the parent's handle on one worker process.
 type worker struct {
-	name    string
-	cmd     *exec.Cmd
-	stdin   io.WriteCloser
-	replies chan msg
-	done    chan struct{} // closed once the process has been waited for
-	stderr  *tailBuffer
-	once    sync.Once
+	name   string
+	p      *childproc.Proc
+	stderr *tailBuffer
 }
 
 // startWorker starts this program as a worker with spec and waits for it to
 // say it is ready.
 func startWorker(ctx context.Context, name string, spec workerSpec) (*worker, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("finding this program to start %s: %w", name, err)
-	}
 	js, err := json.Marshal(spec)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), envWorker+"="+string(js))
-	// The kernel kills the worker if this process dies; a worker also exits
-	// when its stdin closes, which covers the thread caveat of Pdeathsig.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	w := &worker{name: name, cmd: cmd, replies: make(chan msg, 16), done: make(chan struct{}), stderr: &tailBuffer{max: 8 << 10}}
-	cmd.Stderr = w.stderr
-	if w.stdin, err = cmd.StdinPipe(); err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
+	w := &worker{name: name, stderr: &tailBuffer{max: 8 << 10}}
+	// Not ended by ctx: the parent ends its workers with close, which a
+	// worker sees as the end of its stdin, also when the run is interrupted.
+	w.p, err = childproc.Start(context.WithoutCancel(ctx), childproc.Config{
+		Name:    name,
+		Env:     []string{envWorker + "=" + string(js)},
+		Stderr:  w.stderr,
+		MaxLine: 64 << 20, // a stop reply lists every kept lease's time
+	})
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting %s: %w", name, err)
-	}
-	track(cmd.Process.Pid)
-	go func() {
-		defer close(w.done)
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 64<<10), 64<<20)
-		for sc.Scan() {
-			var m msg
-			if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
-				m = msg{Err: "unreadable reply: " + sc.Text()}
-			}
-			w.replies <- m
-		}
-		io.Copy(io.Discard, stdout)
-		cmd.Wait()
-		untrack(cmd.Process.Pid)
-	}()
 	if _, err := w.recv(ctx); err != nil {
 		w.close()
 		return nil, err
@@ -130,8 +101,8 @@ func startWorker(ctx context.Context, name string, spec workerSpec) (*worker, er
 
 func (w *worker) send(m msg) error {
 	b, _ := json.Marshal(m)
-	if _, err := w.stdin.Write(append(b, '\n')); err != nil {
-		return fmt.Errorf("%s: %w%s", w.name, err, w.tail())
+	if err := w.p.Send(b); err != nil {
+		return fmt.Errorf("%w%s", err, w.tail())
 	}
 	return nil
 }
@@ -141,34 +112,28 @@ func (w *worker) recv(ctx context.Context) (msg, error) {
 	t := time.NewTimer(replyTimeout)
 	defer t.Stop()
 	select {
-	case m := <-w.replies:
+	case line, ok := <-w.p.Lines():
+		if !ok {
+			// Its stdout ended: it exited, or is about to.
+			select {
+			case <-w.p.Done():
+			case <-t.C:
+			}
+			return msg{}, fmt.Errorf("%s exited: %s%s", w.name, w.p.State(), w.tail())
+		}
+		var m msg
+		if err := json.Unmarshal(line, &m); err != nil {
+			return msg{}, fmt.Errorf("%s: unreadable reply: %s", w.name, line)
+		}
 		if m.Err != "" {
 			return m, fmt.Errorf("%s: %s", w.name, m.Err)
 		}
 		return m, nil
-	case <-w.done:
-		// Replies sent just before exiting are still in the channel.
-		select {
-		case m := <-w.replies:
-			if m.Err != "" {
-				return m, fmt.Errorf("%s: %s", w.name, m.Err)
-			}
-			return m, nil
-		default:
-		}
-		return msg{}, fmt.Errorf("%s exited: %v%s", w.name, w.cmd.ProcessState, w.tail())
 	case <-t.C:
 		return msg{}, fmt.Errorf("%s: no reply within %v%s", w.name, replyTimeout, w.tail())
 	case <-ctx.Done():
 		return msg{}, ctx.Err()
 	}
-}
-
-func (w *worker) call(ctx context.Context, m msg) (msg, error) {
-	if err := w.send(m); err != nil {
-		return msg{}, err
-	}
-	return w.recv(ctx)
 }
 
 func (w *worker) tail() string {
@@ -180,17 +145,7 @@ func (w *worker) tail() string {
 
 // close ends the worker: its stdin closes, which it takes as the order to
 // exit; after five seconds it is killed. Later calls do nothing.
-func (w *worker) close() {
-	w.once.Do(func() {
-		w.stdin.Close()
-		select {
-		case <-w.done:
-		case <-time.After(5 * time.Second):
-			w.cmd.Process.Kill()
-			<-w.done
-		}
-	})
-}
+func (w *worker) close() { w.p.Close() }
 
 // crew is a set of workers driven together.
 type crew []*worker

@@ -11,10 +11,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/runbudget/runbudget/internal/childproc"
 )
 
 // server is a redis-server this program started for itself: loopback only,
@@ -74,7 +75,7 @@ func launchServer(ctx context.Context, bin string) (*server, error) {
 	cmd := exec.Command(bin, "-")
 	cmd.Dir = dir
 	cmd.Stdin = strings.NewReader(conf)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	childproc.DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("starting %s: %w", bin, err)
@@ -118,7 +119,7 @@ func (s *server) waitReady(ctx context.Context) error {
 // stop kills the server, waits for it and removes its directory. It is safe
 // to call more than once.
 func (s *server) stop() {
-	s.cmd.Process.Signal(syscall.SIGKILL)
+	s.cmd.Process.Kill()
 	<-s.done
 	untrack(s.cmd.Process.Pid)
 	os.RemoveAll(s.dir)
