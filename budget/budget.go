@@ -2,9 +2,9 @@
 // that spreading work over more lanes or hosts redistributes it instead of
 // multiplying the load the provider sees.
 //
-// A Budget admits requests against per-domain ceilings (rate, in-flight
-// requests per class, open bodies) and a run-global memory ceiling, fairly by
-// arrival within each domain. Provider throttles slow every consumer of the
+// A Budget admits requests against per-domain ceilings shared by the whole
+// run (rate, in-flight requests per class, open bodies), fairly by arrival
+// within each domain, and against a memory ceiling of its own host. Provider throttles slow every consumer of the
 // domain together. The state sits behind the Store seam: in this process by
 // default, or in Redis (package redisstore) for a run spread over hosts.
 package budget
@@ -87,12 +87,15 @@ type Budget struct {
 	idSeq    atomic.Uint64
 
 	held      atomic.Int64 // leases granted here, not yet released in full (counted when observed)
-	waiting   atomic.Int64 // Acquire calls waiting
+	waiting   atomic.Int64 // Acquire calls waiting on the store
 	leaseOpts []lease.Option
+	mem       *memLine // this host's memory; see memory.go
 
 	mu      sync.RWMutex
 	closed  bool
-	done    chan struct{}
+	done    <-chan struct{}
+	doneCtx context.Context // cancelled by Close, for waits that take a context
+	cancel  context.CancelFunc
 	active  sync.WaitGroup // Acquire calls in progress
 	cleanup sync.WaitGroup // background cancellations of abandoned waiters
 }
@@ -129,8 +132,10 @@ func New(limits Limits, opts ...Option) (*Budget, error) {
 		obs:      o.obs,
 		local:    nonBlocking(o.store),
 		idPrefix: uuid.NewString() + ".",
-		done:     make(chan struct{}),
+		mem:      newMemLine(nl.MemoryBytes),
 	}
+	b.doneCtx, b.cancel = context.WithCancel(context.Background())
+	b.done = b.doneCtx.Done()
 	if o.obs != nil {
 		// Leases are counted for HostStats only when observed: an
 		// unobserved budget does not pay two atomic operations per lease.
@@ -140,7 +145,8 @@ func New(limits Limits, opts ...Option) (*Budget, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.grace+time.Second)
 	defer cancel()
-	if err := b.retry(ctx, func(ctx context.Context) error { return b.store.Register(ctx, nl, o.replace) }); err != nil {
+	shared := nl.shared()
+	if err := b.retry(ctx, func(ctx context.Context) error { return b.store.Register(ctx, shared, o.replace) }); err != nil {
 		b.store.Close()
 		return nil, err
 	}
@@ -206,26 +212,41 @@ func (b *Budget) acquire(ctx context.Context, req Request) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	// Memory is reserved here, before the store is asked, and the store
+	// never sees it.
+	mem := nreq.MemoryBytes
+	sreq := nreq
+	sreq.MemoryBytes = 0
 	b.mu.RLock()
 	if b.closed {
 		b.mu.RUnlock()
 		return nil, ErrClosed
 	}
 	id := b.newID()
-	if b.local {
+	reserved := mem == 0 || b.mem.tryReserve(mem)
+	if b.local && reserved {
 		// A NonBlocking store answers without waiting: a first try under
 		// the read lock (which Close waits for) needs none of the
 		// bookkeeping of a call that may wait. Anything but a grant goes
 		// the long way, which asks again (calls are idempotent by ID).
-		if att, err := b.store.TryAcquire(ctx, id, nreq); err == nil && att.Outcome == Granted {
+		if att, err := b.store.TryAcquire(ctx, id, sreq); err == nil && att.Outcome == Granted {
 			b.mu.RUnlock()
-			return b.newLease(id, nreq), nil
+			return b.newLease(id, sreq, mem), nil
 		}
 	}
 	b.active.Add(1)
 	b.mu.RUnlock()
 	defer b.active.Done()
-	return b.wait(ctx, id, nreq)
+	if !reserved {
+		if err := b.mem.reserve(ctx, b.doneCtx, mem); err != nil {
+			return nil, err
+		}
+	}
+	l, err := b.wait(ctx, id, sreq, mem)
+	if err != nil && mem > 0 {
+		b.mem.release(mem)
+	}
+	return l, err
 }
 
 // admissible validates req and returns it in normal form, or the error for
@@ -236,7 +257,7 @@ func (b *Budget) admissible(req Request) (Request, error) {
 		return Request{}, err
 	}
 	if b.limits.MemoryBytes > 0 && nreq.MemoryBytes > b.limits.MemoryBytes {
-		return Request{}, fmt.Errorf("%w: %d bytes of memory asked, the run's ceiling is %d",
+		return Request{}, fmt.Errorf("%w: %d bytes of memory asked, this host's ceiling is %d",
 			ErrNeverAdmissible, nreq.MemoryBytes, b.limits.MemoryBytes)
 	}
 	return nreq, nil
@@ -245,8 +266,8 @@ func (b *Budget) admissible(req Request) (Request, error) {
 // wait asks the store for waiter id until it is granted, sleeping between
 // attempts on what the store said (a wake, a computed delay) and riding out
 // an outage within the grace. Every way out but a grant takes id out of
-// the store.
-func (b *Budget) wait(ctx context.Context, id string, req Request) (*Lease, error) {
+// the store. mem is the memory already reserved for the lease.
+func (b *Budget) wait(ctx context.Context, id string, req Request, mem int64) (*Lease, error) {
 	b.waiting.Add(1)
 	defer b.waiting.Add(-1)
 	var (
@@ -266,7 +287,7 @@ func (b *Budget) wait(ctx context.Context, id string, req Request) (*Lease, erro
 		}
 		if err == nil && att.Outcome == Granted {
 			if err = ctx.Err(); err == nil {
-				return b.track(b.newLease(id, req), sent.Add(-att.GrantedAgo)), nil
+				return b.track(b.newLease(id, req, mem), sent.Add(-att.GrantedAgo)), nil
 			}
 			// Granted in the same moment the caller gave up: give it back.
 		}
@@ -277,7 +298,7 @@ func (b *Budget) wait(ctx context.Context, id string, req Request) (*Lease, erro
 			// Granted by a handoff the store recorded in full: no call
 			// needed to collect it.
 			if err = ctx.Err(); err == nil {
-				return b.newLease(id, req), nil
+				return b.newLease(id, req, mem), nil
 			}
 		}
 		if err != nil {
@@ -353,12 +374,16 @@ func (b *Budget) sleep(ctx context.Context, att Attempt, timer **time.Timer) err
 	return nil
 }
 
-// newLease returns the lease for a grant of req under id.
-func (b *Budget) newLease(id string, req Request) *Lease {
+// newLease returns the lease for a grant of req under id, holding mem
+// bytes of this host's memory as well.
+func (b *Budget) newLease(id string, req Request, mem int64) *Lease {
 	if b.leaseOpts != nil {
 		b.held.Add(1)
 	}
-	return lease.New(id, req.Parts(), b.store, b.leaseOpts...)
+	if mem == 0 {
+		return lease.New(id, req.Parts(), b.store, b.leaseOpts...)
+	}
+	return lease.New(id, req.Parts()|lease.Memory, &memRetirer{store: b.store, line: b.mem, n: mem}, b.leaseOpts...)
 }
 
 // track hands l to the keeper, when the store expires leases; the store's
@@ -437,10 +462,13 @@ func (b *Budget) Throttle(ctx context.Context, d Domain, retryAfter time.Duratio
 	return err
 }
 
-// Usage returns a consistent snapshot of the budget: per domain in flight
-// by class, open bodies, rate factor, pause and waiters; memory held; and the
-// number of waiters. Once every lease is released and nobody waits, it is
-// the zero Usage (apart from domains still recovering from a throttle).
+// Usage returns a snapshot of the budget: from the store, the whole run's
+// per-domain in flight by class, open bodies, rate factor, pause and
+// waiters; from this Budget, the memory its leases and waiters hold. Waiters
+// counts the run's waiters in the store plus this host's waiters for
+// memory, which have not reached the store yet. Once every lease is
+// released and nobody waits, it is the zero Usage (apart from domains still
+// recovering from a throttle).
 func (b *Budget) Usage(ctx context.Context) (Usage, error) {
 	if b.isClosed() {
 		return Usage{}, ErrClosed
@@ -450,7 +478,12 @@ func (b *Budget) Usage(ctx context.Context) (Usage, error) {
 		u, err = b.store.Usage(ctx)
 		return err
 	})
-	return u, err
+	if err != nil {
+		return Usage{}, err
+	}
+	u.MemoryHeld = b.mem.held.Load()
+	u.Waiters += int(b.mem.waiting.Load())
+	return u, nil
 }
 
 // Close stops the budget: waiting Acquire calls return ErrClosed and leave
@@ -464,7 +497,7 @@ func (b *Budget) Close() error {
 		return nil
 	}
 	b.closed = true
-	close(b.done)
+	b.cancel()
 	b.mu.Unlock()
 
 	b.active.Wait()

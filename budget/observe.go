@@ -180,11 +180,15 @@ type HostStats struct {
 	// (the count costs every lease two atomic operations, which an
 	// unobserved budget does not pay); without one it is zero.
 	Leases int
-	// Waiters counts Acquire calls of this Budget that are waiting.
+	// Waiters counts Acquire calls of this Budget that are waiting, for
+	// memory or in the store.
 	Waiters int
+	// MemoryHeld is the memory this Budget's leases and waiters hold.
+	MemoryHeld int64
 }
 
 // HostStats returns this Budget's own counts.
 func (b *Budget) HostStats() HostStats {
-	return HostStats{Leases: int(b.held.Load()), Waiters: int(b.waiting.Load())}
+	return HostStats{Leases: int(b.held.Load()), Waiters: int(b.waiting.Load() + b.mem.waiting.Load()),
+		MemoryHeld: b.mem.held.Load()}
 }

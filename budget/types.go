@@ -24,8 +24,8 @@ var (
 	// ErrInvalidRequest: a request has no domains, an unknown class or a
 	// negative memory reservation, or a throttle has a negative retry-after.
 	ErrInvalidRequest = errors.New("budget: invalid request")
-	// ErrNeverAdmissible: the request asks for more than the run's ceiling
-	// (memory above MemoryBytes), so waiting could never end.
+	// ErrNeverAdmissible: the request asks for more than a ceiling allows
+	// (memory above the host's MemoryBytes), so waiting could never end.
 	ErrNeverAdmissible = errors.New("budget: request can never be admitted")
 	// ErrLimitsConflict: the store already holds different limits for this
 	// budget, and WithReplaceLimits was not given.
@@ -133,10 +133,12 @@ func (c OpClass) Index() int {
 // means that dimension is unbounded, but a Limits that bounds nothing at all
 // is refused, so "no budget" is never reached by leaving fields out.
 //
-// Rate, burst, in-flight and open bodies apply to each quota domain: they
-// describe load leaving the run, which the provider meters per domain. Memory
-// is run-global: it describes buffers held by the run, and one buffer is one
-// buffer however many domains its request touches.
+// Rate, burst, in-flight and open bodies apply to each quota domain and are
+// shared by every host of the run: they describe load leaving the run, which
+// the provider meters per domain. Memory is each host's: it describes
+// buffers held in one process's heap, and one buffer is one buffer however
+// many domains its request touches. Two hosts with MemoryBytes of 1 GiB may
+// each hold 1 GiB.
 type Limits struct {
 	// RequestsPerSecond bounds request starts per domain per second.
 	RequestsPerSecond float64 `json:"requests_per_second,omitempty"`
@@ -151,7 +153,10 @@ type Limits struct {
 	// counts until it is closed, since that is how long the provider's
 	// connection is held, not until the request completes.
 	OpenBodies int `json:"open_bodies,omitempty"`
-	// MemoryBytes bounds buffer reservations held at once across the run.
+	// MemoryBytes bounds the buffer reservations one Budget (one process)
+	// holds at once. The Budget enforces it itself, in a FIFO line of its
+	// own, before it asks the store; stores never see it, and hosts of one
+	// run may set it differently.
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 }
 
@@ -207,6 +212,14 @@ func (l Limits) Normalize() (Limits, error) {
 	return out, nil
 }
 
+// shared is what the store keeps of l: the provider-scoped ceilings, shared
+// by every host of a run. Memory is each host's own, so hosts with
+// different MemoryBytes (different heaps) do not conflict.
+func (l Limits) shared() Limits {
+	l.MemoryBytes = 0
+	return l
+}
+
 // Equal reports whether two normalized Limits are the same.
 func (l Limits) Equal(m Limits) bool {
 	if l.RequestsPerSecond != m.RequestsPerSecond || l.Burst != m.Burst ||
@@ -238,7 +251,7 @@ type Request struct {
 	// Class is the kind of request.
 	Class OpClass
 	// MemoryBytes is the buffer reserved until ReleaseMemory, charged once
-	// against the run however many domains the request names.
+	// against this host's ceiling however many domains the request names.
 	MemoryBytes int64
 	// OpensBody says the request will hold a response body open until
 	// CloseBody.

@@ -22,7 +22,7 @@ type Parts uint8
 const (
 	Request Parts = 1 << iota // the in-flight request slot of its class
 	Body                      // the open-body slot
-	Memory                    // the run-global memory reservation
+	Memory                    // the memory reservation, held in this process
 
 	All = Request | Body | Memory
 )
@@ -168,7 +168,12 @@ func (l *Lease) retire(parts Parts) {
 	}
 
 	if lost {
-		// The store already dropped this lease; nothing of it is left there.
+		// The store already dropped this lease; nothing of it is left
+		// there. Memory is the holder's own (its process's buffers), so it
+		// still goes back.
+		if parts&Memory != 0 {
+			l.r.Retire(context.Background(), l.id, Memory)
+		}
 		return
 	}
 	if err := l.r.Retire(context.Background(), l.id, parts); err != nil {

@@ -72,6 +72,8 @@ var cases = []testCase{
 	{name: "CloseLeavesNoGoroutine", fn: testNoGoroutineLeft, serial: true},
 	{name: "LimitsConflict", fn: testLimitsConflict},
 	{name: "HostsShareOneBudget", fn: testHostsShare},
+	{name: "MemoryIsPerHost", fn: testMemoryPerHost},
+	{name: "MemoryCancelAndClose", fn: testMemoryCancelClose},
 }
 
 // Run runs the whole suite against h.
@@ -414,7 +416,7 @@ func testMemoryChargedOnce(e *env) {
 	if u := e.usage(b); u.MemoryHeld != 60 {
 		e.Errorf("two-domain request holds %d bytes, want 60 (charged once)", u.MemoryHeld)
 	}
-	// Memory is run-global: a third domain shares the same 100 bytes.
+	// Memory is the host's: a third domain shares the same 100 bytes.
 	w := e.pending(b, context.Background(), budget.Request{Domains: []budget.Domain{c}, Class: budget.OpGet, MemoryBytes: 60})
 	e.expectBlocked(w, "60 bytes with 40 left")
 	l1.CompleteRequest()
@@ -986,4 +988,81 @@ func testHostsShare(e *env) {
 	hold.Release()
 	e.expectGranted(w, "second host after release").Release()
 	e.expectIdle(h1)
+}
+
+// testMemoryPerHost: memory is each host's, not the run's. Two hosts with
+// 100 bytes each hold 80 at once; a third reservation of 30 on the first
+// waits while the second still admits 20. Different memory ceilings on two
+// hosts are not a limits conflict.
+func testMemoryPerHost(e *env) {
+	l := budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 100}, MemoryBytes: 100}
+	h1, h2 := e.host(l), e.host(l)
+	a := dom("a")
+	mem := func(n int64) budget.Request {
+		return budget.Request{Domains: []budget.Domain{a}, Class: budget.OpGet, MemoryBytes: n}
+	}
+	l1, l2 := e.acquire(h1, mem(80)), e.acquire(h2, mem(80))
+	if u1, u2 := e.usage(h1), e.usage(h2); u1.MemoryHeld != 80 || u2.MemoryHeld != 80 {
+		e.Errorf("memory held %d and %d, want 80 on each host", u1.MemoryHeld, u2.MemoryHeld)
+	}
+	w := e.pending(h1, context.Background(), mem(30))
+	e.expectBlocked(w, "30 bytes on a host with 20 free")
+	if e.waiters(h1) != 1 {
+		e.Errorf("waiters %d, want the memory waiter counted", e.waiters(h1))
+	}
+	l3 := e.acquire(h2, mem(20))
+	e.expectBlocked(w, "30 bytes on the first host after the second admitted 20")
+	l1.ReleaseMemory()
+	l4 := e.expectGranted(w, "30 bytes once the first host's 80 came back")
+	if u := e.usage(h1); u.MemoryHeld != 30 {
+		e.Errorf("first host holds %d bytes, want 30", u.MemoryHeld)
+	}
+	for _, x := range []*budget.Lease{l1, l2, l3, l4} {
+		x.Release()
+	}
+	// A host with a larger heap joins the same run without a conflict.
+	big := l
+	big.MemoryBytes = 1 << 30
+	h3 := e.host(big)
+	e.acquire(h3, mem(500)).Release()
+	e.expectIdle(h1)
+	e.expectIdle(h2)
+	e.expectIdle(h3)
+}
+
+// testMemoryCancelAndClose: a waiter for memory that is cancelled takes
+// nothing and lets the next in line through; Close ends a memory wait with
+// ErrClosed.
+func testMemoryCancelClose(e *env) {
+	b := e.host(budget.Limits{MemoryBytes: 100})
+	a := dom("a")
+	mem := func(n int64) budget.Request {
+		return budget.Request{Domains: []budget.Domain{a}, Class: budget.OpGet, MemoryBytes: n}
+	}
+	hold := e.acquire(b, mem(60))
+	ctx, cancel := context.WithCancel(context.Background())
+	big := e.pending(b, ctx, mem(50))
+	e.eventually("large waiter in the memory line", func() bool { return e.waiters(b) == 1 })
+	small := e.pending(b, context.Background(), mem(30))
+	e.expectBlocked(small, "30 bytes behind an older waiter for 50")
+	cancel()
+	if r := <-big; !errors.Is(r.err, context.Canceled) || r.l != nil {
+		e.Fatalf("cancelled memory waiter = %v, %v; want context.Canceled", r.l, r.err)
+	}
+	l := e.expectGranted(small, "30 bytes once the older waiter left")
+	if u := e.usage(b); u.MemoryHeld != 90 {
+		e.Errorf("memory held %d, want 90", u.MemoryHeld)
+	}
+	l.Release()
+	hold.Release()
+	e.expectIdle(b)
+
+	hold = e.acquire(b, mem(100))
+	w := e.pending(b, context.Background(), mem(1))
+	e.eventually("memory waiter queued", func() bool { return e.waiters(b) == 1 })
+	b.Close()
+	if r := <-w; !errors.Is(r.err, budget.ErrClosed) {
+		e.Fatalf("memory waiter after Close = %v, want ErrClosed", r.err)
+	}
+	hold.Release()
 }
