@@ -11,6 +11,7 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -241,7 +242,22 @@ func (e *env) expectGranted(ch <-chan result, what string) *budget.Lease {
 	return nil
 }
 
+// dom names a domain of the suite. Domains that one request names together
+// share the prefix before a "/" ("m/a", "m/b"): a store that spreads domains
+// over shard groups runs the suite with a shard key that keeps such domains
+// together (ColocateShardKey) and puts every other domain in a group of
+// its own.
 func dom(id string) budget.Domain { return budget.Domain{Version: 1, ID: id} }
+
+// ColocateShardKey is the shard key under which the suite's multi-domain
+// requests stay inside one group while other domains spread out: the part
+// of the ID before its first "/", or the whole ID.
+func ColocateShardKey(d budget.Domain) string {
+	if i := strings.IndexByte(d.ID, '/'); i >= 0 {
+		return d.ID[:i]
+	}
+	return d.ID
+}
 
 func get(ds ...budget.Domain) budget.Request {
 	return budget.Request{Domains: ds, Class: budget.OpGet, Consumer: "test"}
@@ -411,7 +427,7 @@ func testOpenBodies(e *env) {
 
 func testMemoryChargedOnce(e *env) {
 	b := e.host(budget.Limits{MemoryBytes: 100})
-	a, bb, c := dom("a"), dom("b"), dom("c")
+	a, bb, c := dom("m/a"), dom("m/b"), dom("c")
 	l1 := e.acquire(b, budget.Request{Domains: []budget.Domain{a, bb}, Class: budget.OpGet, MemoryBytes: 60})
 	if u := e.usage(b); u.MemoryHeld != 60 {
 		e.Errorf("two-domain request holds %d bytes, want 60 (charged once)", u.MemoryHeld)
@@ -444,7 +460,7 @@ func testDuplicateDomains(e *env) {
 
 func testMultiDomainAtomic(e *env) {
 	b := e.host(getSlots(1))
-	a, bb := dom("a"), dom("b")
+	a, bb := dom("m/a"), dom("m/b")
 	la := e.acquire(b, get(a))
 	both := e.pending(b, context.Background(), get(a, bb))
 	e.expectBlocked(both, "request on a+b while a is full")
@@ -563,7 +579,7 @@ func testCongestedDomain(e *env) {
 
 func testNoDeadlockCycle(e *env) {
 	b := e.host(getSlots(1))
-	ds := []budget.Domain{dom("a"), dom("b"), dom("c")}
+	ds := []budget.Domain{dom("m/a"), dom("m/b"), dom("m/c")}
 	var held [3]atomic.Int32
 	var wg sync.WaitGroup
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -754,7 +770,7 @@ func testThrottleUnbounded(e *env) {
 
 func testCancelLeavesQueues(e *env) {
 	b := e.host(getSlots(1))
-	a, bb := dom("a"), dom("b")
+	a, bb := dom("m/a"), dom("m/b")
 	hold := e.acquire(b, get(a))
 	ctx, cancel := context.WithCancel(context.Background())
 	w := e.pending(b, ctx, get(a, bb))
