@@ -104,7 +104,11 @@ func IsThrottle(resp *http.Response) bool {
 // when Base was never called).
 //
 // A throttled response (see Throttled) is reported to the budget before
-// RoundTrip returns, so the caller's retry already sees the pause.
+// RoundTrip returns, so the caller's retry already sees the pause. The
+// reports run after the request slot has ended, keep the values of req's
+// context but not its cancellation (a caller that gives up on a 429 must
+// not erase the provider's feedback), and wait at most 5 s in all; a report
+// that fails goes to ThrottleError and never fails the round trip.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.Budget == nil {
 		closeBody(req)

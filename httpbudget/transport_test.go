@@ -434,7 +434,7 @@ func TestErrorPathsReleaseEverything(t *testing.T) {
 			}
 			if !tc.closeB && !tc.nilBudg {
 				if u := usage(t, b); len(u.Domains) != 0 || u.MemoryHeld != 0 {
-					t.Errorf("usage after the error: %+v; want zero", u)
+					t.Fatalf("usage after the error: %+v; want zero", u)
 				}
 				// The slot is free again: a good round trip goes through.
 				ok := &httpbudget.Transport{Budget: b, Request: get, Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
