@@ -42,9 +42,13 @@ var ErrNoBudget = errors.New("httpbudget: Transport has no Budget")
 // The lease of a round trip ends in steps: its request slot when the
 // response headers arrive, and, when the budget.Request opens a body or
 // reserves memory, the rest when the caller closes the response body. A
-// body read to EOF but never closed keeps its slot (and the connection, as
-// net/http does): close every body. On every error RoundTrip returns, the
-// lease has been released.
+// body read to EOF but never closed keeps its slot, even after net/http has
+// put the connection back in its pool: the slot ends at Close, and only
+// there, so close every body (as net/http asks anyway). On every error
+// RoundTrip returns, the lease has been released.
+//
+// An http.Client that follows a redirect makes one round trip per hop, so
+// each hop is admitted; the client closes the previous hop's body itself.
 //
 // A Transport is safe for concurrent use; its fields must not change once it
 // is in use. Several Transports may share one Budget.
