@@ -54,14 +54,16 @@ type ExporterOpts struct {
 }
 
 // Exporter is a prometheus.Collector that reads every budget of one Redis
-// (or Cluster) on each scrape: per budget its limits, leases, waiters and
-// memory held, and per domain requests in flight by class, open bodies,
+// (or Cluster) on each scrape: per budget its limits, leases and waiters,
+// and per domain requests in flight by class, open bodies,
 // waiters, rate factor, pause left and tokens. Each scrape is one List and
 // one Inspect per budget, all within ExporterOpts.Timeout; whatever was
 // read before a failure is still served, and
 // runbudget_exporter_scrape_error says the scrape was not complete.
 //
-// Ceilings are exported only for bounded dimensions (a zero limit means
+// Memory is not here: each host bounds and holds its own, and Redis never
+// sees it (HostCollector exports it). Ceilings are exported only for
+// bounded dimensions (a zero limit means
 // unbounded and has no series), so a dashboard draws a ceiling line
 // exactly where there is one.
 type Exporter struct {
@@ -70,11 +72,11 @@ type Exporter struct {
 	maxDomains int
 	onScrape   func(error)
 
-	scrapeError, scrapeDuration, budgets, omitted        *prometheus.Desc
-	bDomains, bLeases, bWaiters, bMemory                 *prometheus.Desc
-	limRate, limBurst, limInFlight, limBodies, limMemory *prometheus.Desc
-	dInFlight, dBodies, dWaiters, dFactor, dThrottled    *prometheus.Desc
-	dPause, dTokens, dRate                               *prometheus.Desc
+	scrapeError, scrapeDuration, budgets, omitted     *prometheus.Desc
+	bDomains, bLeases, bWaiters                       *prometheus.Desc
+	limRate, limBurst, limInFlight, limBodies         *prometheus.Desc
+	dInFlight, dBodies, dWaiters, dFactor, dThrottled *prometheus.Desc
+	dPause, dTokens, dRate                            *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Exporter)(nil)
@@ -102,12 +104,10 @@ func NewExporter(in Inspector, opts ExporterOpts) (*Exporter, error) {
 	e.bDomains = d("runbudget_budget_domains", "Domains with something held, queued or throttled.", b...)
 	e.bLeases = d("runbudget_budget_leases", "Leases held on the budget by every host; may include leases expired less than a lease TTL ago and not yet reclaimed.", b...)
 	e.bWaiters = d("runbudget_budget_waiters", "Acquire calls waiting on the budget on every host; may include waiters of crashed hosts for up to a lease TTL.", b...)
-	e.bMemory = d("runbudget_budget_memory_held_bytes", "Buffer memory held, as the budget's stored state reports it.", b...)
 	e.limRate = d("runbudget_budget_limit_requests_per_second", "Ceiling on request starts per domain per second (absent when unbounded).", b...)
 	e.limBurst = d("runbudget_budget_limit_burst", "Starts that may bunch together on one domain (absent without a rate ceiling).", b...)
 	e.limInFlight = d("runbudget_budget_limit_in_flight", "Ceiling on requests in flight per domain, by class (absent for unbounded classes).", "budget", "class")
 	e.limBodies = d("runbudget_budget_limit_open_bodies", "Ceiling on response bodies open at once per domain (absent when unbounded).", b...)
-	e.limMemory = d("runbudget_budget_limit_memory_bytes", "Ceiling on buffer memory one host holds (absent when unbounded).", b...)
 	e.dInFlight = d("runbudget_domain_in_flight", "Requests in flight on the domain, by class, over every host.", "budget", "domain", "class")
 	e.dBodies = d("runbudget_domain_open_bodies", "Response bodies open on the domain, over every host.", dom...)
 	e.dWaiters = d("runbudget_domain_waiters", "Requests queued on the domain, over every host.", dom...)
@@ -125,8 +125,8 @@ func NewExporter(in Inspector, opts ExporterOpts) (*Exporter, error) {
 // Describe sends every descriptor the exporter uses.
 func (e *Exporter) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{e.scrapeError, e.scrapeDuration, e.budgets, e.omitted,
-		e.bDomains, e.bLeases, e.bWaiters, e.bMemory,
-		e.limRate, e.limBurst, e.limInFlight, e.limBodies, e.limMemory,
+		e.bDomains, e.bLeases, e.bWaiters,
+		e.limRate, e.limBurst, e.limInFlight, e.limBodies,
 		e.dInFlight, e.dBodies, e.dWaiters, e.dFactor, e.dThrottled, e.dPause, e.dTokens, e.dRate} {
 		ch <- d
 	}
@@ -210,7 +210,6 @@ func (e *Exporter) budgetMetrics(out []prometheus.Metric, label string, s rediss
 	gauge(e.bDomains, float64(len(in.Domains)), label)
 	gauge(e.bLeases, float64(s.Leases), label)
 	gauge(e.bWaiters, float64(s.Waiters), label)
-	gauge(e.bMemory, float64(in.MemoryHeld), label)
 	l := in.Limits
 	if l.RequestsPerSecond > 0 {
 		gauge(e.limRate, l.RequestsPerSecond, label)
@@ -223,9 +222,6 @@ func (e *Exporter) budgetMetrics(out []prometheus.Metric, label string, s rediss
 	}
 	if l.OpenBodies > 0 {
 		gauge(e.limBodies, float64(l.OpenBodies), label)
-	}
-	if l.MemoryBytes > 0 {
-		gauge(e.limMemory, float64(l.MemoryBytes), label)
 	}
 
 	doms := in.Domains

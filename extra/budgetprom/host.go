@@ -1,12 +1,10 @@
 package budgetprom
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/runbudget/runbudget/budget"
@@ -17,13 +15,8 @@ import (
 // back by a provider's minute-long retry-after.
 var DefaultWaitBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 
-// DefaultUsageTimeout bounds the store call a scrape of the memory gauge
-// makes (see HostOpts.UsageTimeout).
-const DefaultUsageTimeout = time.Second
-
 // HostOpts configures a HostCollector. The zero value is ready to use: no
-// budget or domain label, DefaultWaitBuckets, the memory gauge read with
-// DefaultUsageTimeout.
+// budget or domain label, DefaultWaitBuckets.
 type HostOpts struct {
 	// Budget, when set, is the value of a "budget" label on every metric, so
 	// that several budgets of one process can share a registry. Metrics of
@@ -50,13 +43,6 @@ type HostOpts struct {
 	// under each of them, so a sum over domains counts it more than once;
 	// requests that fail validation never claim a value of their own.
 	DomainLabels int
-	// UsageTimeout bounds the Budget.Usage call each scrape makes for
-	// runbudget_host_memory_held_bytes; zero means DefaultUsageTimeout. A
-	// negative value drops the memory gauge, and with it the only store
-	// call a scrape makes. When the call fails or times out the gauge is
-	// left out of that scrape; the failure itself shows in
-	// runbudget_store_errors_total{op="usage"}.
-	UsageTimeout time.Duration
 }
 
 // HostCollector is the metrics of one Budget on one host. It is a
@@ -69,8 +55,7 @@ type HostOpts struct {
 // One HostCollector observes one Budget: give each Budget its own, told
 // apart by HostOpts.Budget.
 type HostCollector struct {
-	budget       atomic.Pointer[budget.Budget]
-	usageTimeout time.Duration
+	budget atomic.Pointer[budget.Budget]
 
 	wait        *prometheus.HistogramVec
 	acquires    *prometheus.CounterVec
@@ -79,7 +64,7 @@ type HostCollector struct {
 	storeErrors *prometheus.CounterVec
 	folds       prometheus.Counter // nil without domain labels
 
-	leasesDesc, waitersDesc, memoryDesc *prometheus.Desc
+	leasesDesc, waitersDesc, memoryDesc, memLimitDesc *prometheus.Desc
 
 	acq      *cellTable         // without domain labels
 	throttle prometheus.Counter // without domain labels
@@ -159,10 +144,7 @@ func NewHost(opts HostOpts) (*HostCollector, error) {
 		return nil, fmt.Errorf("budgetprom: HostOpts.DomainLabels is negative (%d)", opts.DomainLabels)
 	}
 	cl := constLabels(opts.ConstLabels, "budget", opts.Budget)
-	c := &HostCollector{usageTimeout: opts.UsageTimeout}
-	if c.usageTimeout == 0 {
-		c.usageTimeout = DefaultUsageTimeout
-	}
+	c := &HostCollector{}
 	acqLabels, thrLabels := []string{"class", "outcome"}, []string(nil)
 	if opts.DomainLabels > 0 {
 		acqLabels, thrLabels = append(acqLabels, "domain"), []string{"domain"}
@@ -197,10 +179,10 @@ func NewHost(opts HostOpts) (*HostCollector, error) {
 		"Leases granted on this host that their holders have not yet released in full.", nil, cl)
 	c.waitersDesc = prometheus.NewDesc("runbudget_host_waiters",
 		"Acquire calls of this host waiting for their turn.", nil, cl)
-	if c.usageTimeout > 0 {
-		c.memoryDesc = prometheus.NewDesc("runbudget_host_memory_held_bytes",
-			"Buffer memory held, as Budget.Usage reports it.", nil, cl)
-	}
+	c.memoryDesc = prometheus.NewDesc("runbudget_host_memory_held_bytes",
+		"Buffer memory this host's leases and waiters hold.", nil, cl)
+	c.memLimitDesc = prometheus.NewDesc("runbudget_host_limit_memory_bytes",
+		"Ceiling on the buffer memory this host holds (absent when unbounded).", nil, cl)
 
 	for i, op := range storeOps {
 		c.storeErr[i] = c.storeErrors.WithLabelValues(op)
@@ -247,7 +229,7 @@ func constLabels(base prometheus.Labels, name, value string) prometheus.Labels {
 	return out
 }
 
-// Attach gives the collector the Budget whose HostStats and Usage the
+// Attach gives the collector the Budget whose HostStats and limits the
 // gauges read at scrape time; until it is called the gauges are left out.
 // A later call replaces the Budget.
 func (c *HostCollector) Attach(b *budget.Budget) { c.budget.Store(b) }
@@ -338,15 +320,12 @@ func (c *HostCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	ch <- c.leasesDesc
 	ch <- c.waitersDesc
-	if c.memoryDesc != nil {
-		ch <- c.memoryDesc
-	}
+	ch <- c.memoryDesc
+	ch <- c.memLimitDesc
 }
 
-// Collect sends the counters and histograms, and, once a Budget is
-// attached, its HostStats and (unless disabled) the memory it holds. The
-// memory gauge costs one store call bounded by HostOpts.UsageTimeout;
-// nothing else here asks the store.
+// Collect sends the counters and histograms and, once a Budget is
+// attached, its HostStats and memory ceiling. It never asks the store.
 func (c *HostCollector) Collect(ch chan<- prometheus.Metric) {
 	c.wait.Collect(ch)
 	c.acquires.Collect(ch)
@@ -363,13 +342,9 @@ func (c *HostCollector) Collect(ch chan<- prometheus.Metric) {
 	hs := b.HostStats()
 	ch <- prometheus.MustNewConstMetric(c.leasesDesc, prometheus.GaugeValue, float64(hs.Leases))
 	ch <- prometheus.MustNewConstMetric(c.waitersDesc, prometheus.GaugeValue, float64(hs.Waiters))
-	if c.memoryDesc == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.usageTimeout)
-	defer cancel()
-	if u, err := b.Usage(ctx); err == nil {
-		ch <- prometheus.MustNewConstMetric(c.memoryDesc, prometheus.GaugeValue, float64(u.MemoryHeld))
+	ch <- prometheus.MustNewConstMetric(c.memoryDesc, prometheus.GaugeValue, float64(hs.MemoryHeld))
+	if m := b.Limits().MemoryBytes; m > 0 {
+		ch <- prometheus.MustNewConstMetric(c.memLimitDesc, prometheus.GaugeValue, float64(m))
 	}
 }
 
