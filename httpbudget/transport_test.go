@@ -600,3 +600,67 @@ func cancelCtx(t *testing.T) (context.Context, context.CancelFunc) {
 	t.Cleanup(cancel)
 	return ctx, cancel
 }
+
+// Each redirect hop is its own round trip and admission; with one GET slot
+// the chain still completes, because the client closes each hop's body
+// before it sends the next.
+func TestRedirectHopsAdmittedOneByOne(t *testing.T) {
+	b := newBudget(t, getSlots(1))
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/a":
+			http.Redirect(w, r, "/b", http.StatusFound)
+		case "/b":
+			http.Redirect(w, r, "/c", http.StatusFound)
+		default:
+			io.WriteString(w, "arrived")
+		}
+	})
+	client := newClient(t, &httpbudget.Transport{Budget: b})
+	req, _ := http.NewRequestWithContext(ctxFor(t), http.MethodGet, srv.URL+"/a", nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	if string(got) != "arrived" || resp.Request.URL.Path != "/c" {
+		t.Errorf("final response %q at %s", got, resp.Request.URL.Path)
+	}
+	if du := domainUsage(t, b, srv.domain(t)); du.OpenBodies != 1 {
+		t.Errorf("open bodies %d before the last Close; want 1 (earlier hops closed)", du.OpenBodies)
+	}
+	resp.Body.Close()
+	if n := srv.hits.Load(); n != 3 {
+		t.Errorf("server saw %d requests; want 3 hops", n)
+	}
+	holdsNothing(t, b)
+}
+
+// A request that reserves memory but opens no body keeps the reservation
+// until the body is closed: the buffer it stands for is filled from the body.
+func TestMemoryHeldUntilClose(t *testing.T) {
+	b := newBudget(t, budget.Limits{InFlight: map[budget.OpClass]int{budget.OpHead: 1}, MemoryBytes: 1 << 20})
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "x") })
+	client := newClient(t, &httpbudget.Transport{Budget: b, Request: func(r *http.Request) (budget.Request, error) {
+		req, err := httpbudget.DefaultRequest(r)
+		req.Class, req.OpensBody, req.MemoryBytes = budget.OpHead, false, 4096
+		return req, err
+	}})
+	resp, err := client.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := usage(t, b)
+	if u.MemoryHeld != 4096 {
+		t.Errorf("memory held %d before Close; want 4096", u.MemoryHeld)
+	}
+	for _, du := range u.Domains {
+		if len(du.InFlight) != 0 || du.OpenBodies != 0 {
+			t.Errorf("%v: in flight %v, bodies %d after the headers; want none", du.Domain, du.InFlight, du.OpenBodies)
+		}
+	}
+	resp.Body.Close()
+	if u := usage(t, b); u.MemoryHeld != 0 || len(u.Domains) != 0 {
+		t.Errorf("usage after Close %+v; want zero", u)
+	}
+}
