@@ -4,7 +4,10 @@ go 1.26.0
 
 replace github.com/runbudget/runbudget => ../..
 
-require github.com/runbudget/runbudget v0.0.0-00010101000000-000000000000
+require (
+	github.com/runbudget/runbudget v0.0.0-00010101000000-000000000000
+	go.uber.org/goleak v1.3.0
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
@@ -12,7 +15,7 @@ require (
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/prometheus/client_golang v1.25.0
-	github.com/prometheus/client_model v0.6.3 // indirect
+	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/redis/go-redis/v9 v9.23.0
