@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/cmd/budgetctl/internal/clitext"
 	"github.com/runbudget/runbudget/redisstore"
 	"github.com/spf13/cobra"
 )
@@ -43,7 +44,7 @@ func (a *app) inspectCommand() *cobra.Command {
 				return err
 			}
 			if a.json {
-				return writeJSON(a.stdout, in)
+				return clitext.JSON(a.stdout, in)
 			}
 			var buf bytes.Buffer
 			renderInspection(&buf, in)
@@ -94,7 +95,7 @@ func (a *app) watchCommand() *cobra.Command {
 // after that, a Redis blip or an expired budget is shown and retried, since
 // watching through trouble is what watch is for.
 func (a *app) watch(ctx context.Context, adm *redisstore.Admin, name string, most int, interval time.Duration) error {
-	redraw := isTerminal(a.stdout) && !a.json
+	redraw := clitext.IsTerminal(a.stdout) && !a.json
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for frame := 0; ; frame++ {
@@ -112,7 +113,7 @@ func (a *app) watch(ctx context.Context, adm *redisstore.Admin, name string, mos
 		case a.json && err != nil:
 			fmt.Fprintln(a.stderr, "budgetctl: watch: "+a.redact(err.Error()))
 		case a.json:
-			if err := writeJSON(&buf, in); err != nil {
+			if err := clitext.JSON(&buf, in); err != nil {
 				return err
 			}
 		default:
@@ -122,7 +123,7 @@ func (a *app) watch(ctx context.Context, adm *redisstore.Admin, name string, mos
 				buf.WriteString("\n")
 			}
 			if err != nil {
-				fmt.Fprintf(&buf, "budget %s at %s: %s\n", quote(name), time.Now().Format(time.RFC3339), a.redact(err.Error()))
+				fmt.Fprintf(&buf, "budget %s at %s: %s\n", clitext.Quote(name), time.Now().Format(time.RFC3339), a.redact(err.Error()))
 			} else {
 				renderInspection(&buf, in)
 			}
@@ -140,14 +141,14 @@ func (a *app) watch(ctx context.Context, adm *redisstore.Admin, name string, mos
 
 // renderInspection prints an inspection as aligned tables.
 func renderInspection(w io.Writer, in redisstore.Inspection) {
-	fmt.Fprintf(w, "budget %s at %s (Redis time)", quote(in.Name), in.Now.UTC().Format(time.RFC3339))
+	fmt.Fprintf(w, "budget %s at %s (Redis time)", clitext.Quote(in.Name), in.Now.UTC().Format(time.RFC3339))
 	if !in.Created.IsZero() {
 		fmt.Fprintf(w, "; limits stored %s ago", formatDuration(in.Now.Sub(in.Created)))
 	}
-	fmt.Fprintf(w, "\nlimits:  %s\n", formatLimits(in.Limits))
-	fmt.Fprintf(w, "memory:  %s held", formatBytes(in.MemoryHeld))
+	fmt.Fprintf(w, "\nlimits:  %s\n", clitext.Limits(in.Limits))
+	fmt.Fprintf(w, "memory:  %s held", clitext.Bytes(in.MemoryHeld))
 	if in.Limits.MemoryBytes > 0 {
-		fmt.Fprintf(w, " of %s", formatBytes(in.Limits.MemoryBytes))
+		fmt.Fprintf(w, " of %s", clitext.Bytes(in.Limits.MemoryBytes))
 	}
 	fmt.Fprintln(w)
 
@@ -155,7 +156,7 @@ func renderInspection(w io.Writer, in redisstore.Inspection) {
 	if len(in.Domains) == 0 {
 		fmt.Fprintln(w, "domains: none with anything held, queued or throttled")
 	} else {
-		tw := newTable(w)
+		tw := clitext.Table(w)
 		fmt.Fprint(tw, "DOMAIN")
 		for _, c := range budget.Classes() {
 			fmt.Fprintf(tw, "\t%s", upper(string(c)))
@@ -164,7 +165,7 @@ func renderInspection(w io.Writer, in redisstore.Inspection) {
 		for _, d := range in.Domains {
 			fmt.Fprint(tw, d.Domain.String())
 			for _, c := range budget.Classes() {
-				fmt.Fprintf(tw, "\t%d/%s", d.InFlight[c], ceiling(in.Limits.InFlight[c]))
+				fmt.Fprintf(tw, "\t%d/%s", d.InFlight[c], clitext.Ceiling(in.Limits.InFlight[c]))
 			}
 			tokens := "-"
 			if d.Rate > 0 {
@@ -174,7 +175,7 @@ func renderInspection(w io.Writer, in redisstore.Inspection) {
 			if d.Throttled {
 				factor += " throttled"
 			}
-			fmt.Fprintf(tw, "\t%d/%s\t%s\t%s\t%s\t%d\n", d.OpenBodies, ceiling(in.Limits.OpenBodies),
+			fmt.Fprintf(tw, "\t%d/%s\t%s\t%s\t%s\t%d\n", d.OpenBodies, clitext.Ceiling(in.Limits.OpenBodies),
 				tokens, factor, formatDuration(d.Paused), d.Waiters)
 		}
 		tw.Flush()
@@ -182,21 +183,21 @@ func renderInspection(w io.Writer, in redisstore.Inspection) {
 
 	fmt.Fprintf(w, "\nleases: %d\n", len(in.Leases))
 	if len(in.Leases) > 0 {
-		tw := newTable(w)
+		tw := clitext.Table(w)
 		fmt.Fprintln(tw, "CONSUMER\tCLASS\tHELD\tDOMAINS\tMEMORY\tAGE\tEXPIRES IN\tID")
 		for _, l := range in.Leases {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", quote(l.Consumer), l.Class, l.Parts, formatDomains(l.Domains),
-				memory(l.Memory), formatDuration(l.Age), formatDuration(l.ExpiresIn), quote(l.ID))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", clitext.Quote(l.Consumer), l.Class, l.Parts, formatDomains(l.Domains),
+				memory(l.Memory), formatDuration(l.Age), formatDuration(l.ExpiresIn), clitext.Quote(l.ID))
 		}
 		tw.Flush()
 	}
 	fmt.Fprintf(w, "\nwaiters: %d\n", len(in.Waiters))
 	if len(in.Waiters) > 0 {
-		tw := newTable(w)
+		tw := clitext.Table(w)
 		fmt.Fprintln(tw, "CONSUMER\tCLASS\tDOMAINS\tMEMORY\tWAITING\tEXPIRES IN\tID")
 		for _, wt := range in.Waiters {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", quote(wt.Consumer), wt.Class, formatDomains(wt.Domains),
-				memory(wt.Memory), formatDuration(wt.Waiting), formatDuration(wt.ExpiresIn), quote(wt.ID))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", clitext.Quote(wt.Consumer), wt.Class, formatDomains(wt.Domains),
+				memory(wt.Memory), formatDuration(wt.Waiting), formatDuration(wt.ExpiresIn), clitext.Quote(wt.ID))
 		}
 		tw.Flush()
 	}
@@ -209,7 +210,7 @@ func memory(n int64) string {
 	if n == 0 {
 		return "-"
 	}
-	return formatBytes(n)
+	return clitext.Bytes(n)
 }
 
 func upper(s string) string {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/runbudget/runbudget/cmd/budgetctl/internal/clitext"
 	"github.com/runbudget/runbudget/redisstore"
 	"github.com/spf13/cobra"
 )
@@ -39,7 +40,7 @@ With --json it prints a JSON array of {name, current, functions}, or with
 			libs, err := adm.Libraries(ctx)
 			if errors.Is(err, redisstore.ErrNoFunctions) {
 				if a.json {
-					return writeJSON(a.stdout, []redisstore.Library{})
+					return clitext.JSON(a.stdout, []redisstore.Library{})
 				}
 				_, err := fmt.Fprintln(a.stdout, "this Redis does not support function libraries; budgets here run their scripts by EVALSHA")
 				return err
@@ -49,13 +50,13 @@ With --json it prints a JSON array of {name, current, functions}, or with
 			}
 			if !prune {
 				if a.json {
-					return writeJSON(a.stdout, libs)
+					return clitext.JSON(a.stdout, libs)
 				}
 				if len(libs) == 0 {
 					_, err := fmt.Fprintln(a.stdout, "no runbudget function libraries in this Redis")
 					return err
 				}
-				tw := newTable(a.stdout)
+				tw := clitext.Table(a.stdout)
 				fmt.Fprintln(tw, "LIBRARY\tFUNCTIONS\tBUILD")
 				for _, l := range libs {
 					build := "other"
@@ -74,7 +75,7 @@ With --json it prints a JSON array of {name, current, functions}, or with
 			}
 			if len(others) == 0 {
 				if a.json {
-					return writeJSON(a.stdout, map[string]any{"deleted": []string{}})
+					return clitext.JSON(a.stdout, map[string]any{"deleted": []string{}})
 				}
 				_, err := fmt.Fprintln(a.stdout, "no runbudget libraries of other builds; nothing to prune")
 				return err
@@ -95,7 +96,7 @@ With --json it prints a JSON array of {name, current, functions}, or with
 				if deleted == nil {
 					deleted = []string{}
 				}
-				return writeJSON(a.stdout, map[string]any{"deleted": deleted})
+				return clitext.JSON(a.stdout, map[string]any{"deleted": deleted})
 			}
 			_, err = fmt.Fprintf(a.stdout, "deleted %d librar%s: %s\n", len(deleted), plural(len(deleted), "y", "ies"), strings.Join(deleted, ", "))
 			return err

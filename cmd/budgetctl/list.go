@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 
+	"github.com/runbudget/runbudget/cmd/budgetctl/internal/clitext"
 	"github.com/runbudget/runbudget/redisstore"
 	"github.com/spf13/cobra"
 )
@@ -31,16 +32,16 @@ With --json it prints one JSON array of {name, domains, leases, waiters}.`,
 				if list == nil {
 					list = []redisstore.BudgetSummary{}
 				}
-				return writeJSON(a.stdout, list)
+				return clitext.JSON(a.stdout, list)
 			}
 			if len(list) == 0 {
 				_, err := fmt.Fprintln(a.stdout, "no budgets in this Redis")
 				return err
 			}
-			tw := newTable(a.stdout)
+			tw := clitext.Table(a.stdout)
 			fmt.Fprintln(tw, "NAME\tDOMAINS\tLEASES\tWAITERS")
 			for _, s := range list {
-				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", quote(s.Name), s.Domains, s.Leases, s.Waiters)
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", clitext.Quote(s.Name), s.Domains, s.Leases, s.Waiters)
 			}
 			return tw.Flush()
 		}),

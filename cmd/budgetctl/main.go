@@ -235,6 +235,12 @@ func (a *app) connect(ctx context.Context) (*redis.Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	return a.dial(ctx, raw)
+}
+
+// dial opens a client for the Redis URL raw and checks it as connect does.
+// A malformed URL is a usage error that never shows the URL.
+func (a *app) dial(ctx context.Context, raw string) (*redis.Client, error) {
 	opt, err := redisOptions(raw)
 	if err != nil {
 		return nil, err

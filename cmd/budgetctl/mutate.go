@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/cmd/budgetctl/internal/clitext"
 	"github.com/spf13/cobra"
 )
 
@@ -70,9 +71,9 @@ domain until that much time has passed.
 				return err
 			}
 			if a.json {
-				return writeJSON(a.stdout, map[string]any{"budget": args[0], "domain": dom.d, "retry_after": retryAfter})
+				return clitext.JSON(a.stdout, map[string]any{"budget": args[0], "domain": dom.d, "retry_after": retryAfter})
 			}
-			_, err = fmt.Fprintf(a.stdout, "throttled %s in budget %s (retry-after %s)\n", dom.d, quote(args[0]), formatDuration(retryAfter))
+			_, err = fmt.Fprintf(a.stdout, "throttled %s in budget %s (retry-after %s)\n", dom.d, clitext.Quote(args[0]), formatDuration(retryAfter))
 			return err
 		}),
 	}
@@ -105,13 +106,13 @@ to 1 and any pause ends. Use it when a throttle was reported in error.
 				return err
 			}
 			if a.json {
-				return writeJSON(a.stdout, map[string]any{"budget": args[0], "domain": dom.d, "had_state": had})
+				return clitext.JSON(a.stdout, map[string]any{"budget": args[0], "domain": dom.d, "had_state": had})
 			}
 			if !had {
-				_, err = fmt.Fprintf(a.stdout, "%s in budget %s had no throttle state\n", dom.d, quote(args[0]))
+				_, err = fmt.Fprintf(a.stdout, "%s in budget %s had no throttle state\n", dom.d, clitext.Quote(args[0]))
 				return err
 			}
-			_, err = fmt.Fprintf(a.stdout, "reset the throttle state of %s in budget %s\n", dom.d, quote(args[0]))
+			_, err = fmt.Fprintf(a.stdout, "reset the throttle state of %s in budget %s\n", dom.d, clitext.Quote(args[0]))
 			return err
 		}),
 	}
@@ -170,13 +171,13 @@ Example: budgetctl limits demo --set rps=100,burst=10,get=8,list=4,head=0,copy_s
 				}
 			}
 			if a.json {
-				return writeJSON(a.stdout, l)
+				return clitext.JSON(a.stdout, l)
 			}
 			verb := "limits of"
 			if len(sets) > 0 {
 				verb = "new limits of"
 			}
-			_, err = fmt.Fprintf(a.stdout, "%s budget %s: %s\n  as --set: %s\n", verb, quote(args[0]), formatLimits(l), limitsSetString(l))
+			_, err = fmt.Fprintf(a.stdout, "%s budget %s: %s\n  as --set: %s\n", verb, clitext.Quote(args[0]), clitext.Limits(l), limitsSetString(l))
 			return err
 		}),
 	}
@@ -220,17 +221,17 @@ is not a terminal it refuses (exit 4) unless --yes is given.`,
 			}
 			what, whose := "every lease", ""
 			if !all {
-				what, whose = "the leases of consumer "+quote(consumer), " of consumer "+quote(consumer)
+				what, whose = "the leases of consumer "+clitext.Quote(consumer), " of consumer "+clitext.Quote(consumer)
 			}
 			if n == 0 && !in.Truncated {
 				if a.json {
-					return writeJSON(a.stdout, map[string]any{"budget": name, "dropped": 0})
+					return clitext.JSON(a.stdout, map[string]any{"budget": name, "dropped": 0})
 				}
-				_, err := fmt.Fprintf(a.stdout, "budget %s holds no leases%s; nothing to drop\n", quote(name), whose)
+				_, err := fmt.Fprintf(a.stdout, "budget %s holds no leases%s; nothing to drop\n", clitext.Quote(name), whose)
 				return err
 			}
 			if !yes {
-				if err := a.confirm(fmt.Sprintf("Drop %s in budget %s (%d now held)? Their slots free at once, even if the holder is alive.", what, quote(name), n)); err != nil {
+				if err := a.confirm(fmt.Sprintf("Drop %s in budget %s (%d now held)? Their slots free at once, even if the holder is alive.", what, clitext.Quote(name), n)); err != nil {
 					return err
 				}
 			}
@@ -243,9 +244,9 @@ is not a terminal it refuses (exit 4) unless --yes is given.`,
 				return err
 			}
 			if a.json {
-				return writeJSON(a.stdout, map[string]any{"budget": name, "dropped": dropped})
+				return clitext.JSON(a.stdout, map[string]any{"budget": name, "dropped": dropped})
 			}
-			_, err = fmt.Fprintf(a.stdout, "dropped %d lease(s) from budget %s\n", dropped, quote(name))
+			_, err = fmt.Fprintf(a.stdout, "dropped %d lease(s) from budget %s\n", dropped, clitext.Quote(name))
 			return err
 		}),
 	}
@@ -258,7 +259,7 @@ is not a terminal it refuses (exit 4) unless --yes is given.`,
 // confirm asks question on stderr and reads y/N from stdin. It refuses
 // when stdin is not a terminal: a script must say --yes, not pipe a "y".
 func (a *app) confirm(question string) error {
-	if !isTerminal(a.stdin) {
+	if !clitext.IsTerminal(a.stdin) {
 		return &cmdError{code: exitDeclined, err: fmt.Errorf("not confirmed: stdin is not a terminal; pass --yes to go ahead without asking")}
 	}
 	fmt.Fprintf(a.stderr, "%s [y/N] ", question)

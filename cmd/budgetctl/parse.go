@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/cmd/budgetctl/internal/clitext"
 )
 
 // parseRedisURL parses a Redis URL without ever putting the URL, or any
@@ -158,7 +159,7 @@ func applyLimitSet(l budget.Limits, sets []string) (budget.Limits, error) {
 				}
 				out.RequestsPerSecond, rpsSet = f, true
 			case "memory":
-				n, err := parseBytes(val)
+				n, err := clitext.ParseBytes(val)
 				if err != nil {
 					return budget.Limits{}, bad(err.Error())
 				}
@@ -197,48 +198,4 @@ func applyLimitSet(l budget.Limits, sets []string) (budget.Limits, error) {
 		out.InFlight = nil
 	}
 	return out, nil
-}
-
-var byteUnits = []struct {
-	suffix string
-	n      int64
-}{
-	{"kib", 1 << 10}, {"mib", 1 << 20}, {"gib", 1 << 30}, {"tib", 1 << 40},
-	{"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12},
-	{"k", 1 << 10}, {"m", 1 << 20}, {"g", 1 << 30}, {"b", 1},
-}
-
-// parseBytes reads a byte count: a whole number with an optional unit,
-// KiB/MiB/GiB/TiB (or K/M/G, the same), KB/MB/GB/TB (powers of ten) or B.
-func parseBytes(s string) (int64, error) {
-	t := strings.ToLower(strings.TrimSpace(s))
-	mult := int64(1)
-	for _, u := range byteUnits {
-		if strings.HasSuffix(t, u.suffix) {
-			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.n
-			break
-		}
-	}
-	n, err := strconv.ParseInt(t, 10, 64)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("want a size like 65536, 64KiB or 16MiB")
-	}
-	if n > math.MaxInt64/mult {
-		return 0, fmt.Errorf("size too large")
-	}
-	return n * mult, nil
-}
-
-// byteSize is a pflag value for sizes with units.
-type byteSize int64
-
-func (b *byteSize) String() string { return formatBytes(int64(*b)) }
-func (b *byteSize) Type() string   { return "size" }
-func (b *byteSize) Set(s string) error {
-	n, err := parseBytes(s)
-	if err != nil {
-		return err
-	}
-	*b = byteSize(n)
-	return nil
 }

@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"fmt"
@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/runbudget/runbudget/cmd/budgetctl/internal/clitext"
 	"github.com/vbauerster/mpb/v8"
 	"github.com/vbauerster/mpb/v8/decor"
 	"golang.org/x/term"
@@ -17,7 +18,7 @@ import (
 // progressView shows the hosts' progress during a run: bars on a terminal,
 // a line per second otherwise. Its methods are safe for concurrent use.
 type progressView interface {
-	update(host int, ev workerEvent)
+	update(host int, ev WorkerEvent)
 	log(line string) // a line from a host's stderr
 	finish()         // the run is over: final state, stop drawing
 }
@@ -25,7 +26,7 @@ type progressView interface {
 func newProgressView(w io.Writer, label string, hosts, objects int) progressView {
 	// Bars need a terminal that knows its width: a pseudo-terminal of size
 	// zero (some CI runners, script(1)) would hide them entirely.
-	if f, ok := w.(*os.File); ok && isTerminal(f) {
+	if f, ok := w.(*os.File); ok && clitext.IsTerminal(f) {
 		if cols, _, err := term.GetSize(int(f.Fd())); err == nil && cols >= 60 {
 			return newBarView(w, label, hosts, objects)
 		}
@@ -71,7 +72,7 @@ func newBarView(w io.Writer, label string, hosts, objects int) *barView {
 	return v
 }
 
-func (v *barView) update(host int, ev workerEvent) {
+func (v *barView) update(host int, ev WorkerEvent) {
 	v.mu.Lock()
 	v.copied[host] = ev.Copied
 	v.throttled[host] = ev.Throttled
@@ -140,7 +141,7 @@ func newLineView(w io.Writer, label string, hosts, objects int) *lineView {
 	return v
 }
 
-func (v *lineView) update(host int, ev workerEvent) {
+func (v *lineView) update(host int, ev WorkerEvent) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.copied[host] = ev.Copied

@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"fmt"
@@ -7,16 +7,17 @@ import (
 	"strings"
 
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/cmd/budgetctl/internal/clitext"
 )
 
 // The run modes of the demo's report.
 const (
-	modeBudget = "budget"   // every host drew on one shared budget
-	modeLanes  = "per-lane" // each lane limited itself, as if alone
+	ModeBudget = "budget"   // every host drew on one shared budget
+	ModeLanes  = "per-lane" // each lane limited itself, as if alone
 )
 
-// demoReport is what the demo prints at the end; --json prints it as is.
-type demoReport struct {
+// Report is what the demo prints at the end; --json prints it as is.
+type Report struct {
 	Hosts         int           `json:"hosts"`
 	Lanes         int           `json:"lanes"`
 	Objects       int           `json:"objects"`
@@ -26,66 +27,66 @@ type demoReport struct {
 	Limits        budget.Limits `json:"limits"`
 	Budget        string        `json:"budget"`
 	Redis         string        `json:"redis"` // "embedded", or host:port
-	Runs          []runReport   `json:"runs"`
+	Runs          []RunReport   `json:"runs"`
 }
 
-// runReport is one run: the provider's view, and each host's last word.
-type runReport struct {
+// RunReport is one run: the provider's view, and each host's last word.
+type RunReport struct {
 	Mode     string        `json:"mode"`
 	Copied   int64         `json:"copied"`
 	Seconds  float64       `json:"seconds"`
-	Provider providerStats `json:"provider"`
-	Hosts    []workerEvent `json:"hosts"`
+	Provider ProviderStats `json:"provider"`
+	Hosts    []WorkerEvent `json:"hosts"`
 }
 
-// renderReport prints the report as a table, one column per run, and a
+// RenderReport prints the report as a table, one column per run, and a
 // conclusion drawn from the numbers.
-func renderReport(w io.Writer, r demoReport) error {
+func RenderReport(w io.Writer, r Report) error {
 	fmt.Fprintf(w, "%d hosts x %d lanes copied %d objects (about %s each) from a provider with a quota of\n",
-		r.Hosts, r.Lanes, r.Objects, formatBytes(r.Size))
+		r.Hosts, r.Lanes, r.Objects, clitext.Bytes(r.Size))
 	burst := 0
 	if len(r.Runs) > 0 {
 		burst = r.Runs[0].Provider.Burst
 	}
 	fmt.Fprintf(w, "%s requests/s (bucket of %d) and at most %d requests at once.\n", num(r.Quota), burst, r.MaxConcurrent)
-	fmt.Fprintf(w, "Budget %s in Redis (%s): %s\n\n", quote(r.Budget), r.Redis, formatLimits(r.Limits))
+	fmt.Fprintf(w, "Budget %s in Redis (%s): %s\n\n", clitext.Quote(r.Budget), r.Redis, clitext.Limits(r.Limits))
 
-	tw := newTable(w)
+	tw := clitext.Table(w)
 	fmt.Fprint(tw, " ")
 	for _, run := range r.Runs {
 		switch run.Mode {
-		case modeBudget:
+		case ModeBudget:
 			fmt.Fprint(tw, "\tshared budget")
 		default:
 			fmt.Fprint(tw, "\tper-lane limits, no budget")
 		}
 	}
 	fmt.Fprintln(tw)
-	row := func(label string, cell func(run runReport) string) {
+	row := func(label string, cell func(run RunReport) string) {
 		fmt.Fprint(tw, label)
 		for _, run := range r.Runs {
 			fmt.Fprint(tw, "\t"+cell(run))
 		}
 		fmt.Fprintln(tw)
 	}
-	row("objects copied", func(run runReport) string { return fmt.Sprintf("%d of %d", run.Copied, r.Objects) })
-	row("duration", func(run runReport) string { return strconv.FormatFloat(run.Seconds, 'f', 1, 64) + "s" })
-	row("requests the provider received", func(run runReport) string { return strconv.Itoa(run.Provider.Requests) })
-	row("  per second, mean", func(run runReport) string {
+	row("objects copied", func(run RunReport) string { return fmt.Sprintf("%d of %d", run.Copied, r.Objects) })
+	row("duration", func(run RunReport) string { return strconv.FormatFloat(run.Seconds, 'f', 1, 64) + "s" })
+	row("requests the provider received", func(run RunReport) string { return strconv.Itoa(run.Provider.Requests) })
+	row("  per second, mean", func(run RunReport) string {
 		return fmt.Sprintf("%s (quota %s)", num(run.Provider.RequestsPerSecond), num(r.Quota))
 	})
-	row("  in the busiest second", func(run runReport) string { return strconv.Itoa(run.Provider.PeakPerSecond) })
-	row("throttled (503, Retry-After)", func(run runReport) string { return strconv.Itoa(run.Provider.Throttled) })
+	row("  in the busiest second", func(run RunReport) string { return strconv.Itoa(run.Provider.PeakPerSecond) })
+	row("throttled (503, Retry-After)", func(run RunReport) string { return strconv.Itoa(run.Provider.Throttled) })
 	for _, c := range providerClasses {
-		row("peak in flight, "+string(c), func(run runReport) string {
-			return fmt.Sprintf("%d (ceiling %s)", run.Provider.Classes[c].PeakInFlight, ceiling(r.Limits.InFlight[c]))
+		row("peak in flight, "+string(c), func(run RunReport) string {
+			return fmt.Sprintf("%d (ceiling %s)", run.Provider.Classes[c].PeakInFlight, clitext.Ceiling(r.Limits.InFlight[c]))
 		})
 	}
-	row("peak open bodies", func(run runReport) string {
-		return fmt.Sprintf("%d (ceiling %s)", run.Provider.PeakOpenBodies, ceiling(r.Limits.OpenBodies))
+	row("peak open bodies", func(run RunReport) string {
+		return fmt.Sprintf("%d (ceiling %s)", run.Provider.PeakOpenBodies, clitext.Ceiling(r.Limits.OpenBodies))
 	})
-	row("peak served at once", func(run runReport) string {
-		return fmt.Sprintf("%d (provider max %s)", run.Provider.PeakConcurrent, ceiling(r.MaxConcurrent))
+	row("peak served at once", func(run RunReport) string {
+		return fmt.Sprintf("%d (provider max %s)", run.Provider.PeakConcurrent, clitext.Ceiling(r.MaxConcurrent))
 	})
 	if err := tw.Flush(); err != nil {
 		return err
@@ -99,19 +100,19 @@ func renderReport(w io.Writer, r demoReport) error {
 
 // conclusions says in words what the table shows, from the numbers only:
 // where a run broke a ceiling or the quota, it says so.
-func conclusions(r demoReport) []string {
+func conclusions(r Report) []string {
 	var out []string
 	lanes := r.Hosts * r.Lanes
-	var on, off *runReport
+	var on, off *RunReport
 	for i := range r.Runs {
-		if r.Runs[i].Mode == modeBudget {
+		if r.Runs[i].Mode == ModeBudget {
 			on = &r.Runs[i]
 		} else {
 			off = &r.Runs[i]
 		}
 	}
 	if on != nil {
-		broke := overCeilings(r.Limits, on.Provider)
+		broke := OverCeilings(r.Limits, on.Provider)
 		switch {
 		case len(broke) == 0 && on.Provider.Throttled == 0:
 			out = append(out, fmt.Sprintf("With the shared budget, %d lanes on %d hosts drew no throttle and stayed within every ceiling.", lanes, r.Hosts))
@@ -131,7 +132,7 @@ func conclusions(r demoReport) []string {
 			line += fmt.Sprintf(" (%.1fx as many)", float64(off.Provider.Requests)/float64(on.Provider.Requests))
 		}
 		line += fmt.Sprintf(", %d of them refused with 503", off.Provider.Throttled)
-		if broke := overCeilings(r.Limits, off.Provider); len(broke) > 0 {
+		if broke := OverCeilings(r.Limits, off.Provider); len(broke) > 0 {
 			line += "; in flight they exceeded the ceilings for " + strings.Join(broke, ", ")
 		}
 		out = append(out, line+": limits right for one lane multiply by the number of lanes.")
@@ -139,9 +140,9 @@ func conclusions(r demoReport) []string {
 	return out
 }
 
-// overCeilings names the dimensions where the provider saw more in flight
+// OverCeilings names the dimensions where the provider saw more in flight
 // than the budget's ceilings.
-func overCeilings(l budget.Limits, s providerStats) []string {
+func OverCeilings(l budget.Limits, s ProviderStats) []string {
 	var out []string
 	for _, c := range providerClasses {
 		if n := l.InFlight[c]; n > 0 && s.Classes[c].PeakInFlight > n {

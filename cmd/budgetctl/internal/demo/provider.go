@@ -1,8 +1,7 @@
-package main
+package demo
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -10,17 +9,14 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
-	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/runbudget/runbudget/budget"
-	"github.com/spf13/cobra"
+	"github.com/runbudget/runbudget/cmd/budgetctl/internal/clitext"
 )
 
 // The simulated provider: an object store with one quota domain, which
@@ -39,9 +35,9 @@ const (
 	classGet
 )
 
-// providerConfig describes the provider. Latencies are fixed per class with
+// ProviderConfig describes the provider. Latencies are fixed per class with
 // jitter, so runs are comparable.
-type providerConfig struct {
+type ProviderConfig struct {
 	Quota         float64 // requests per second the quota domain admits
 	Burst         int     // bucket size; 0 means Quota/5, at least 1
 	MaxConcurrent int     // requests (including open bodies) served at once; 0 is unbounded
@@ -56,7 +52,7 @@ type providerConfig struct {
 	RetryAfter time.Duration
 }
 
-func (c *providerConfig) fill() {
+func (c *ProviderConfig) fill() {
 	if c.Burst <= 0 {
 		c.Burst = max(1, int(c.Quota/5))
 	}
@@ -81,7 +77,7 @@ const (
 )
 
 type provider struct {
-	cfg   providerConfig
+	cfg   ProviderConfig
 	run   string // identifies this provider's run, for the workers' page claims
 	sizes []int64
 
@@ -104,7 +100,7 @@ type providerCounters struct {
 	lastEnd                   time.Duration
 }
 
-func newProvider(cfg providerConfig) *provider {
+func newProvider(cfg ProviderConfig) *provider {
 	cfg.fill()
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5eed))
 	sizes := make([]int64, cfg.Objects)
@@ -155,9 +151,9 @@ type listedObject struct {
 func (p *provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.URL.Path == "/info":
-		writeJSON(w, providerInfo{Run: p.run, Objects: p.cfg.Objects, PageSize: p.cfg.PageSize, Domain: p.cfg.Domain, Quota: p.cfg.Quota})
+		clitext.JSON(w, providerInfo{Run: p.run, Objects: p.cfg.Objects, PageSize: p.cfg.PageSize, Domain: p.cfg.Domain, Quota: p.cfg.Quota})
 	case r.URL.Path == "/stats":
-		writeJSON(w, p.stats())
+		clitext.JSON(w, p.stats())
 	case r.URL.Path == "/list" && r.Method == http.MethodGet:
 		p.serve(w, r, classList)
 	case strings.HasPrefix(r.URL.Path, "/o/") && r.Method == http.MethodHead:
@@ -272,7 +268,7 @@ func (p *provider) serve(w http.ResponseWriter, r *http.Request, class int) {
 			out.Keys = append(out.Keys, listedObject{Key: objectKey(i), Size: p.sizes[i]})
 		}
 		p.endRequest(class, false)
-		writeJSON(w, out)
+		clitext.JSON(w, out)
 	case classHead, classGet:
 		i, ok := objectIndex(strings.TrimPrefix(r.URL.Path, "/o/"))
 		if !ok || i >= len(p.sizes) {
@@ -341,14 +337,14 @@ func objectETag(i int, size int64) string {
 	return strconv.FormatUint(h.Sum64(), 16)
 }
 
-// providerStats is the provider's view of a run.
-type providerStats struct {
+// ProviderStats is the provider's view of a run.
+type ProviderStats struct {
 	Quota          float64                       `json:"quota"`
 	Burst          int                           `json:"burst"`
 	MaxConcurrent  int                           `json:"max_concurrent"`
 	Requests       int                           `json:"requests"`
 	Throttled      int                           `json:"throttled"`
-	Classes        map[budget.OpClass]classStats `json:"classes"`
+	Classes        map[budget.OpClass]ClassStats `json:"classes"`
 	PeakOpenBodies int                           `json:"peak_open_bodies"`
 	PeakConcurrent int                           `json:"peak_concurrent"`
 	Bytes          int64                         `json:"bytes"`
@@ -360,22 +356,22 @@ type providerStats struct {
 	PeakPerSecond     int     `json:"peak_per_second"`
 }
 
-type classStats struct {
+type ClassStats struct {
 	Requests     int `json:"requests"`
 	Throttled    int `json:"throttled"`
 	PeakInFlight int `json:"peak_in_flight"`
 }
 
-func (p *provider) stats() providerStats {
+func (p *provider) stats() ProviderStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := providerStats{
+	s := ProviderStats{
 		Quota: p.cfg.Quota, Burst: p.cfg.Burst, MaxConcurrent: p.cfg.MaxConcurrent,
-		Classes:        map[budget.OpClass]classStats{},
+		Classes:        map[budget.OpClass]ClassStats{},
 		PeakOpenBodies: p.st.peakBodies, PeakConcurrent: p.st.peakActive, Bytes: p.st.bytes,
 	}
 	for i, c := range providerClasses {
-		s.Classes[c] = classStats{Requests: p.st.received[i], Throttled: p.st.throttled[i], PeakInFlight: p.st.peak[i]}
+		s.Classes[c] = ClassStats{Requests: p.st.received[i], Throttled: p.st.throttled[i], PeakInFlight: p.st.peak[i]}
 		s.Requests += p.st.received[i]
 		s.Throttled += p.st.throttled[i]
 	}
@@ -431,65 +427,35 @@ func serveProvider(p *provider, addr string) (url string, stop func(), err error
 	return "http://" + ln.Addr().String(), stop, nil
 }
 
-func (a *app) providerCommand() *cobra.Command {
-	var (
-		cfg    providerConfig
-		size   = byteSize(32 << 10)
-		listen string
-		every  time.Duration
-	)
-	cmd := &cobra.Command{
-		Use:   "provider",
-		Short: "Serve the demo's simulated provider (for docker-compose)",
-		Long: `provider serves the simulated object store the demo copies from: --objects
-objects, a quota of --quota requests per second (a token bucket holding
---quota/5) and at most --max-concurrent requests at once. Over its quota it
-answers 503 with Retry-After (seconds) and Retry-After-Ms. It logs what it
-saw every --log-every while requests arrive, and serves its counters as
-JSON at /stats. The demo runs the same code in its own process; this
-command is for running it as a service, e.g. in docker-compose.`,
-		Args: exactArgs(),
-		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			if cfg.Objects <= 0 || cfg.Quota <= 0 || size <= 0 {
-				return usageError("--objects, --quota and --size must be positive")
-			}
-			cfg.Size = int64(size)
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			p := newProvider(cfg)
-			url, shutdown, err := serveProvider(p, listen)
-			if err != nil {
-				return failure("%v", err)
-			}
-			defer shutdown()
-			fmt.Fprintf(a.stderr, "provider: serving %d objects on %s, quota %g req/s (burst %d), at most %d at once; run %s\n",
-				p.cfg.Objects, url, p.cfg.Quota, p.cfg.Burst, p.cfg.MaxConcurrent, p.run)
-			tick := time.NewTicker(every)
-			defer tick.Stop()
-			seen := 0
-			for {
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-tick.C:
-				}
-				s := p.stats()
-				if s.Requests == seen {
-					continue
-				}
-				seen = s.Requests
-				b, _ := json.Marshal(s)
-				fmt.Fprintf(a.stdout, "%s\n", b)
-			}
-		}),
+// ServeProvider serves the simulated provider described by cfg on listen
+// until ctx ends. It says where it serves on stderr, and writes its
+// counters to stdout as a JSON line every interval in which requests
+// arrived.
+func ServeProvider(ctx context.Context, cfg ProviderConfig, listen string, every time.Duration, stdout, stderr io.Writer) error {
+	p := newProvider(cfg)
+	url, shutdown, err := serveProvider(p, listen)
+	if err != nil {
+		return err
 	}
-	f := cmd.Flags()
-	f.StringVar(&listen, "listen", "127.0.0.1:8080", "address to serve on")
-	f.Float64Var(&cfg.Quota, "quota", 200, "requests per second the provider admits")
-	f.IntVar(&cfg.MaxConcurrent, "max-concurrent", 24, "requests served at once, open bodies included (0: unbounded)")
-	f.IntVar(&cfg.Objects, "objects", 1200, "objects to serve")
-	f.Var(&size, "size", "mean object size")
-	f.Uint64Var(&cfg.Seed, "seed", 1, "seed for object sizes and latency jitter")
-	f.DurationVar(&every, "log-every", 5*time.Second, "how often to log counters while requests arrive")
-	return cmd
+	defer shutdown()
+	fmt.Fprintf(stderr, "provider: serving %d objects on %s, quota %g req/s (burst %d), at most %d at once; run %s\n",
+		p.cfg.Objects, url, p.cfg.Quota, p.cfg.Burst, p.cfg.MaxConcurrent, p.run)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	seen := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		s := p.stats()
+		if s.Requests == seen {
+			continue
+		}
+		seen = s.Requests
+		if err := clitext.JSON(stdout, s); err != nil {
+			return err
+		}
+	}
 }

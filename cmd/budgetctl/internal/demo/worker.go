@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"bytes"
@@ -9,19 +9,15 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
-	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
 	"github.com/runbudget/runbudget/redisstore"
-	"github.com/spf13/cobra"
 	"golang.org/x/time/rate"
 )
 
@@ -32,8 +28,8 @@ import (
 // budget in Redis, and a 503 is reported to it. Without it (the baseline),
 // each lane limits itself as if it were alone and backs off on its own.
 
-// workerConfig configures one host.
-type workerConfig struct {
+// WorkerConfig configures one host.
+type WorkerConfig struct {
 	Provider string // base URL
 	Budget   string // budget name in Redis
 	Host     string // this host's name: the budget's consumer, and progress label
@@ -46,8 +42,8 @@ type workerConfig struct {
 	Progress time.Duration // how often to print a progress line
 }
 
-// workerEvent is one line of a worker's output: JSON, for the demo to read.
-type workerEvent struct {
+// WorkerEvent is one line of a worker's output: JSON, for the demo to read.
+type WorkerEvent struct {
 	Type      string  `json:"type"` // "progress", or "done" on the last line
 	Host      string  `json:"host"`
 	Budget    bool    `json:"budget"`  // whether the lanes drew on the shared budget
@@ -132,7 +128,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 }
 
 type worker struct {
-	cfg   workerConfig
+	cfg   WorkerConfig
 	rdb   redis.UniversalClient
 	http  *http.Client
 	info  providerInfo
@@ -173,9 +169,9 @@ func fetchInfo(ctx context.Context, client *http.Client, base string) (providerI
 	}
 }
 
-// runWorker runs one host until its share of the work is done or ctx ends,
+// RunWorker runs one host until its share of the work is done or ctx ends,
 // writing progress events to out. It closes everything it opened.
-func runWorker(ctx context.Context, cfg workerConfig, rdb redis.UniversalClient, out io.Writer) error {
+func RunWorker(ctx context.Context, cfg WorkerConfig, rdb redis.UniversalClient, out io.Writer) error {
 	start := time.Now()
 	w := &worker{cfg: cfg, rdb: rdb, http: &http.Client{
 		Timeout:   30 * time.Second,
@@ -211,7 +207,7 @@ func runWorker(ctx context.Context, cfg workerConfig, rdb redis.UniversalClient,
 	}
 
 	emit := func(typ string, errText string) {
-		ev := workerEvent{Type: typ, Host: cfg.Host, Budget: !cfg.NoBudget, Objects: w.info.Objects,
+		ev := WorkerEvent{Type: typ, Host: cfg.Host, Budget: !cfg.NoBudget, Objects: w.info.Objects,
 			Copied: w.copied.Load(), Bytes: w.bytes.Load(), Throttled: w.throttled.Load(), Pages: w.pages.Load(),
 			Retries: w.retries.Load(), Waited: time.Duration(w.waited.Load()).Seconds(), Error: errText}
 		if typ == "done" {
@@ -422,81 +418,4 @@ func retryAfter(h http.Header) time.Duration {
 		return time.Duration(s * float64(time.Second))
 	}
 	return time.Second
-}
-
-func (a *app) workerCommand() *cobra.Command {
-	var (
-		cfg        workerConfig
-		lim        demoLimits
-		watchStdin bool
-	)
-	cmd := &cobra.Command{
-		Use:   "worker --provider URL [--redis URL]",
-		Short: "Run one host of the demo's copy job (the demo starts these; so does docker-compose)",
-		Long: `worker is one host of the demo's copy job. It claims listing pages from a
-counter in Redis, so any number of workers share one run without knowing of
-each other, and copies their objects from the provider with --lanes lanes.
-Every provider request first acquires from the budget --budget in Redis;
-a 503 is reported to the budget, which slows every host down together.
-With --no-budget each lane limits itself instead (see the demo's help).
-
-It prints one JSON line per --progress interval and a last one with
-"type":"done". It exits 0 when the run's work is done, 1 on failure.`,
-		Args: exactArgs(),
-		RunE: runE(func(cmd *cobra.Command, _ []string) error {
-			if cfg.Provider == "" {
-				return usageError("worker needs --provider URL")
-			}
-			if cfg.Lanes <= 0 || cfg.Progress <= 0 || cfg.LeaseTTL <= 0 {
-				return usageError("--lanes, --progress and --lease-ttl must be positive")
-			}
-			var err error
-			if cfg.Limits, err = lim.limits(cmd, 0); err != nil {
-				return err
-			}
-			if cfg.Host == "" {
-				h, _ := os.Hostname()
-				cfg.Host = fmt.Sprintf("%s-%d", h, os.Getpid())
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			if watchStdin {
-				// The demo holds our stdin open; EOF means it died, even if
-				// the kernel's parent-death signal did not reach us.
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithCancel(ctx)
-				defer cancel()
-				go func() {
-					io.Copy(io.Discard, a.stdin)
-					cancel()
-				}()
-			}
-			cctx, cancel := a.opContext(ctx)
-			rdb, err := a.connect(cctx)
-			cancel()
-			if err != nil {
-				return err
-			}
-			defer rdb.Close()
-			if err := runWorker(ctx, cfg, rdb, a.stdout); err != nil {
-				if ctx.Err() != nil {
-					return failure("host %s: interrupted", cfg.Host)
-				}
-				return failure("host %s: %v", cfg.Host, err)
-			}
-			return nil
-		}),
-	}
-	f := cmd.Flags()
-	f.StringVar(&cfg.Provider, "provider", "", "the provider's base URL, e.g. http://provider:8080")
-	f.StringVar(&cfg.Budget, "budget", "demo", "budget name in Redis")
-	f.StringVar(&cfg.Host, "host", "", "this host's name, used as the leases' consumer (default hostname-pid)")
-	f.IntVar(&cfg.Lanes, "lanes", 8, "concurrent lanes on this host")
-	f.BoolVar(&cfg.NoBudget, "no-budget", false, "baseline: per-lane limits instead of the shared budget")
-	f.DurationVar(&cfg.LeaseTTL, "lease-ttl", 5*time.Second, "lease TTL: a dead host's slots return within it")
-	f.DurationVar(&cfg.Progress, "progress", 500*time.Millisecond, "how often to print a progress line")
-	f.BoolVar(&watchStdin, "exit-on-stdin-eof", false, "exit when stdin closes (the demo sets it)")
-	f.MarkHidden("exit-on-stdin-eof")
-	lim.register(f)
-	return cmd
 }
