@@ -1,17 +1,11 @@
 package awsbudget_test
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"fmt"
-	"io"
-	"math/rand/v2"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/redis/go-redis/v9"
@@ -76,15 +70,21 @@ func TestCopyJob4Hosts8Lanes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
 
-	direct, closeDirect := copyjob.NewClient(fake.DirectURL, region, creds)
+	direct, closeDirect := copyjob.NewClient(fake.DirectURL, region, creds, nil)
 	defer closeDirect()
-	sums := seed(t, ctx, fake, direct, "src")
+	if err := fake.CreateBucket("src"); err != nil {
+		t.Fatal(err)
+	}
+	sums, err := copyjob.Seed(ctx, direct, "src", objects, 128<<10, 14)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// The plain SDK: standard retry mode, no budget.
 	plainHosts, closePlain := clients(fake.URL, hosts, nil)
 	defer closePlain()
 	plain := run(t, ctx, fake, plainHosts, "plain")
-	plainLost := objects - countIntact(t, ctx, direct, "plain", sums)
+	plainLost := objects - intact(t, ctx, direct, "plain", sums)
 
 	// The same job with every host on one shared budget.
 	budgets := make([]*budget.Budget, hosts)
@@ -105,7 +105,7 @@ func TestCopyJob4Hosts8Lanes(t *testing.T) {
 		t.Errorf("budgeted run: listed %d, copied %d, failed %d of %d; first errors: %v",
 			got.res.Listed, got.res.Copied, got.res.Failed, objects, got.res.Errors)
 	}
-	if n := countIntact(t, ctx, direct, "budget", sums); n != objects {
+	if n := intact(t, ctx, direct, "budget", sums); n != objects {
 		t.Errorf("budgeted run: %d of %d objects intact at the destination", n, objects)
 	}
 	if limit := got.stats.Requests / 100; got.stats.Throttled > limit {
@@ -154,7 +154,7 @@ func clients(endpoint string, n int, budgets []*budget.Budget) ([]*s3.Client, fu
 		if budgets != nil {
 			opts = append(opts, awsbudget.WithBudget(budgets[i], awsbudget.WithConsumer(fmt.Sprintf("host-%d", i))))
 		}
-		c, closeIdle := copyjob.NewClient(endpoint, region, creds, opts...)
+		c, closeIdle := copyjob.NewClient(endpoint, region, creds, nil, opts...)
 		cs = append(cs, c)
 		closers = append(closers, closeIdle)
 	}
@@ -179,65 +179,11 @@ func openBudget(t *testing.T, c redis.UniversalClient, name string) *budget.Budg
 	return b
 }
 
-// seed writes the source objects straight to the backend, 16-128 KiB of
-// seeded random bytes each, and returns their SHA-256 sums by key.
-func seed(t *testing.T, ctx context.Context, fake *s3fake.Server, c *s3.Client, bucket string) map[string][32]byte {
+func intact(t *testing.T, ctx context.Context, c *s3.Client, bucket string, sums map[string][32]byte) int {
 	t.Helper()
-	if err := fake.CreateBucket(bucket); err != nil {
+	n, err := copyjob.Verify(ctx, c, bucket, sums)
+	if err != nil {
 		t.Fatal(err)
-	}
-	rng := rand.New(rand.NewPCG(14, 300))
-	sums := make(map[string][32]byte, objects)
-	bodies := make(map[string][]byte, objects)
-	for i := range objects {
-		data := make([]byte, 16<<10+rng.IntN(112<<10))
-		for j := range data {
-			data[j] = byte(rng.Uint32())
-		}
-		k := fmt.Sprintf("obj/%04d", i)
-		bodies[k], sums[k] = data, sha256.Sum256(data)
-	}
-	var wg sync.WaitGroup
-	errs := make(chan error, objects)
-	sem := make(chan struct{}, 8)
-	for k, data := range bodies {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			_, err := c.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String(k), Body: bytes.NewReader(data)})
-			if err != nil {
-				errs <- fmt.Errorf("seed %s: %w", k, err)
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	return sums
-}
-
-// countIntact reads every expected object of bucket without limits and
-// counts those whose bytes match the source's.
-func countIntact(t *testing.T, ctx context.Context, c *s3.Client, bucket string, sums map[string][32]byte) int {
-	t.Helper()
-	n := 0
-	for k, want := range sums {
-		out, err := c.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(k)})
-		if err != nil {
-			continue // lost: never written
-		}
-		data, err := io.ReadAll(out.Body)
-		out.Body.Close()
-		if err != nil {
-			t.Fatalf("read back %s/%s: %v", bucket, k, err)
-		}
-		if sha256.Sum256(data) != want {
-			t.Errorf("%s/%s: content differs from the source (%d bytes)", bucket, k, len(data))
-			continue
-		}
-		n++
 	}
 	return n
 }

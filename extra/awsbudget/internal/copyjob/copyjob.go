@@ -7,10 +7,12 @@ package copyjob
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"sync"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 )
 
 // Job describes one copy run.
@@ -168,19 +171,127 @@ func copyOne(ctx context.Context, c *s3.Client, job Job, key string) error {
 	return err
 }
 
-// NewClient returns an S3 client for a path-style endpoint (the fake, MinIO
-// and most S3-compatible servers) with static credentials and its own
-// connection pool, as a separate host would have, and a function that
-// closes the pool's idle connections. optFns follow the defaults.
-func NewClient(endpoint, region string, creds aws.CredentialsProvider, optFns ...func(*s3.Options)) (*s3.Client, func()) {
+// Counter counts the responses a client receives, by what matters to a
+// copy job: every response, and the throttles among them. It works against
+// any endpoint, since it sits in the client's own transport.
+type Counter struct {
+	Responses, Throttled atomic.Int64
+}
+
+type countingTransport struct {
+	base http.RoundTripper
+	c    *Counter
+}
+
+func (t countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := t.base.RoundTrip(r)
+	if err == nil {
+		t.c.Responses.Add(1)
+		if resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests {
+			t.c.Throttled.Add(1)
+		}
+	}
+	return resp, err
+}
+
+// NewClient returns an S3 client for endpoint with its own connection pool,
+// as a separate host would have, counting responses in c when c is not nil,
+// and a function that closes the pool's idle connections. The client uses
+// path-style addressing (the fake, MinIO and most S3-compatible servers
+// need it) and the standard retry mode; optFns follow these defaults.
+func NewClient(endpoint, region string, creds aws.CredentialsProvider, c *Counter, optFns ...func(*s3.Options)) (*s3.Client, func()) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = 64
+	var rt http.RoundTripper = tr
+	if c != nil {
+		rt = countingTransport{base: tr, c: c}
+	}
 	opts := s3.Options{
 		Region:       region,
-		BaseEndpoint: aws.String(endpoint),
 		UsePathStyle: true,
 		Credentials:  creds,
-		HTTPClient:   &http.Client{Transport: tr},
+		RetryMode:    aws.RetryModeStandard,
+		HTTPClient:   &http.Client{Transport: rt},
+	}
+	if endpoint != "" {
+		opts.BaseEndpoint = aws.String(endpoint)
 	}
 	return s3.New(opts, optFns...), tr.CloseIdleConnections
+}
+
+// Seed writes n objects named "obj/0000"... to bucket, of 16 KiB up to
+// maxSize bytes of random bytes drawn from seed, over 8 lanes, and returns
+// their SHA-256 sums by key.
+func Seed(ctx context.Context, c *s3.Client, bucket string, n, maxSize int, seed uint64) (map[string][32]byte, error) {
+	const minSize = 16 << 10
+	rng := rand.New(rand.NewPCG(seed, uint64(n)))
+	bodies := make(map[string][]byte, n)
+	sums := make(map[string][32]byte, n)
+	for i := range n {
+		size := minSize
+		if maxSize > minSize {
+			size += rng.IntN(maxSize - minSize + 1)
+		}
+		data := make([]byte, size)
+		for j := range data {
+			data[j] = byte(rng.Uint32())
+		}
+		k := fmt.Sprintf("obj/%04d", i)
+		bodies[k], sums[k] = data, sha256.Sum256(data)
+	}
+	work := make(chan string)
+	errs := make(chan error, 8)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			var first error
+			for k := range work {
+				if first != nil {
+					continue
+				}
+				_, err := c.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String(k), Body: bytes.NewReader(bodies[k])})
+				if err != nil {
+					first = fmt.Errorf("seed %s/%s: %w", bucket, k, err)
+				}
+			}
+			errs <- first
+		})
+	}
+	for k := range bodies {
+		work <- k
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return sums, nil
+}
+
+// Verify reads every key of sums from bucket and counts the objects whose
+// bytes match. A missing object counts as lost, not as an error; any other
+// failure to read is returned.
+func Verify(ctx context.Context, c *s3.Client, bucket string, sums map[string][32]byte) (intact int, err error) {
+	for k, want := range sums {
+		out, err := c.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(k)})
+		if err != nil {
+			var missing *types.NoSuchKey
+			if errors.As(err, &missing) {
+				continue
+			}
+			return intact, fmt.Errorf("verify %s/%s: %w", bucket, k, err)
+		}
+		data, err := io.ReadAll(out.Body)
+		out.Body.Close()
+		if err != nil {
+			return intact, fmt.Errorf("verify %s/%s: %w", bucket, k, err)
+		}
+		if sha256.Sum256(data) == want {
+			intact++
+		}
+	}
+	return intact, nil
 }
