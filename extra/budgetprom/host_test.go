@@ -326,3 +326,37 @@ func BenchmarkObserveAcquire(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAcquireObserved is what the collector adds to a whole
+// uncontended in-process admission (Acquire and Release), against the same
+// budget without an observer.
+func BenchmarkAcquireObserved(b *testing.B) {
+	ctx := context.Background()
+	req := budget.Request{Domains: []budget.Domain{acct}, Class: budget.OpGet}
+	for _, observed := range []bool{false, true} {
+		var opts []budget.Option
+		if observed {
+			c, err := budgetprom.NewHost(budgetprom.HostOpts{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			opts = append(opts, budget.WithObserver(c))
+		}
+		bud, err := budget.New(budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 1 << 20}}, opts...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		name := map[bool]string{false: "unobserved", true: "observed"}[observed]
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				l, err := bud.Acquire(ctx, req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				l.Release()
+			}
+		})
+		_ = bud.Close()
+	}
+}
