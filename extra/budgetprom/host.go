@@ -21,7 +21,8 @@ type HostOpts struct {
 	// Budget, when set, is the value of a "budget" label on every metric, so
 	// that several budgets of one process can share a registry. Metrics of
 	// one name must carry the same label names in a registry: give every
-	// HostCollector registered together a Budget, or none.
+	// HostCollector registered together a Budget, or none (and DomainLabels
+	// on every one of them, or on none).
 	Budget string
 	// ConstLabels are added to every metric (a run or deployment name, say).
 	// They must not reuse budget, class, outcome, domain or op.
