@@ -89,6 +89,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 	red := redactor(urlSecrets(cfg.redisURL))
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	// go-redis logs every failed dial on its own, through a process-wide
+	// logger; the scrape log below already says what failed, once, so its
+	// lines go to debug level (masked like everything else).
+	redis.SetLogger(redisLog{log, red})
 
 	client, where, err := newClient(cfg.redisURL, cfg.cluster, cfg.timeout)
 	if err != nil {
@@ -167,15 +171,17 @@ func newClient(raw string, cluster bool, timeout time.Duration) (redis.Universal
 	if _, err := url.Parse(raw); err != nil {
 		return nil, "", fmt.Errorf("bad Redis URL: it does not parse (%s; not shown, since it may hold a password)", want)
 	}
-	// Short per-call timeouts and one retry: a scrape must answer within
-	// its own bound even when Redis does not.
+	// Short per-call timeouts, one retry and one dial attempt: a scrape
+	// must answer within its own bound even when Redis does not, and a
+	// refused connection should show as a scrape error at once (the next
+	// scrape tries again).
 	dial, rw := min(2*time.Second, timeout), min(3*time.Second, timeout)
 	if cluster {
 		opt, err := redis.ParseClusterURL(raw)
 		if err != nil {
 			return nil, "", fmt.Errorf("bad Redis URL: %v", err)
 		}
-		opt.ContextTimeoutEnabled, opt.MaxRetries = true, 1
+		opt.ContextTimeoutEnabled, opt.MaxRetries, opt.DialerRetries = true, 1, 1
 		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = dial, rw, rw
 		return redis.NewClusterClient(opt), strings.Join(opt.Addrs, ","), nil
 	}
@@ -183,7 +189,7 @@ func newClient(raw string, cluster bool, timeout time.Duration) (redis.Universal
 	if err != nil {
 		return nil, "", fmt.Errorf("bad Redis URL: %v", err)
 	}
-	opt.ContextTimeoutEnabled, opt.MaxRetries, opt.PoolSize = true, 1, 4
+	opt.ContextTimeoutEnabled, opt.MaxRetries, opt.DialerRetries, opt.PoolSize = true, 1, 1, 4
 	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = dial, rw, rw
 	return redis.NewClient(opt), opt.Addr, nil
 }
@@ -274,4 +280,14 @@ type promLogger struct {
 
 func (p promLogger) Println(v ...any) {
 	p.log.Error(p.redact(strings.TrimSuffix(fmt.Sprintln(v...), "\n")))
+}
+
+// redisLog is go-redis's logger, masked and at debug level.
+type redisLog struct {
+	log    *slog.Logger
+	redact func(string) string
+}
+
+func (r redisLog) Printf(ctx context.Context, format string, v ...any) {
+	r.log.DebugContext(ctx, r.redact(fmt.Sprintf(format, v...)), "from", "go-redis")
 }
