@@ -4,8 +4,8 @@
 // and a cap on the calls this process runs at once.
 //
 //	go run . --redis redis://127.0.0.1:6379/0 --listen 127.0.0.1:8080
-//	curl -i -X PUT -H 'X-Client: alice' -d '{"content":"hello"}' http://127.0.0.1:8080/objects/a
-//	curl -i -X POST -H 'X-Client: alice' -d '{"to":"b"}' http://127.0.0.1:8080/objects/a/copy
+//	curl -i -X PUT -H 'X-Client: alice' -H 'Content-Type: application/json' -d '{"content":"hello"}' http://127.0.0.1:8080/objects/a
+//	curl -i -X POST -H 'X-Client: alice' -H 'Content-Type: application/json' -d '{"to":"b"}' http://127.0.0.1:8080/objects/a/copy
 //
 // The design declares every admission refusal and maps it to a status:
 // rate_limited is 429 with Retry-After, overloaded and rate_limit_unavailable
