@@ -5,13 +5,14 @@
 -- cancellation) is returned. Idempotent.
 --
 -- KEYS[1]  config hash
--- ARGV[3]  waiter id
--- Returns {"1"}.
+-- ARGV[1..3] the common arguments (lib.lua)
+-- ARGV[4]  waiter id
+-- Returns {R_OK}.
 
-local id = id_arg(ARGV[3], 'waiter id')
+local id = id_arg(ARGV[4], 'waiter id')
 local now = clock()
 touch_cfg(now)
 reclaim(now)
 remove_waiter(id)
 retire(id, 1, 1, 1)
-return done({'1'})
+return done({R_OK})

@@ -5,15 +5,17 @@
 -- whoever may move.
 --
 -- KEYS[1]  config hash
--- ARGV[3]  consumer whose leases to drop (ignored when ARGV[4] is 1)
--- ARGV[4]  1 to drop every lease
--- Returns {"-2"} when the budget does not exist, else {count}.
+-- ARGV[1..3] the common arguments (lib.lua)
+-- ARGV[4]  consumer whose leases to drop (ignored when ARGV[5] is 1)
+-- ARGV[5]  1 to drop every lease
+-- Returns {R_UNREGISTERED} when the budget does not exist, else
+-- {R_OK, count dropped}.
 
-local consumer = ARGV[3]
-local all = int(ARGV[4], 'all flag', 0, 1)
+local consumer = ARGV[4]
+local all = int(ARGV[5], 'all flag', 0, 1)
 local now = clock()
 local lim = lims()
-if not lim then return {'-2'} end
+if not lim then return {R_UNREGISTERED} end
 touch_cfg(now)
 reclaim(now)
 local n = 0
@@ -24,4 +26,4 @@ for _, lid in ipairs(redis.call('ZRANGE', P .. 'lexp', 0, -1)) do
     n = n + 1
   end
 end
-return done({I(n)})
+return done({R_OK, I(n)})

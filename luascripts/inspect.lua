@@ -4,19 +4,21 @@
 -- document. Read-only apart from the reclaim step every script runs.
 --
 -- KEYS[1]  config hash
--- ARGV[3]  most leases and most waiters to list
--- Returns {"-2"} when the budget does not exist, else {json} with
+-- ARGV[1..3] the common arguments (lib.lua)
+-- ARGV[4]  most leases and most waiters to list
+-- Returns {R_UNREGISTERED} when the budget does not exist, else
+-- {R_OK, json} with
 --   now, epoch, limits (the stored JSON), memheld,
 --   domains: [{enc, f0..f<NCLASS-1>, b, tokens, burst, rate, factor, pause_us,
 --              queue, throttled}]   (tokens/burst/rate empty when unlimited)
 --   leases:  [{id, ds, c, m, parts, consumer, granted, expires}]
 --   waiters: [{id, ds, c, m, b, consumer, ticket, arrived, expires}]
--- Times are Redis TIME in microseconds, as strings.
+-- Times are the call's clock (Redis TIME) in microseconds, as strings.
 
-local most = int(ARGV[3], 'most', 0, 1000000)
+local most = int(ARGV[4], 'most', 0, 1000000)
 local now = clock()
 local lim = lims()
-if not lim then return {'-2'} end
+if not lim then return {R_UNREGISTERED} end
 reclaim(now)
 local cfg = redis.call('HMGET', CFG, 'epoch', 'json')
 local out = {now = I(now), epoch = cfg[1] or '', limits = cfg[2] or '', memheld = I(lim.memheld),
@@ -57,4 +59,4 @@ for i = 1, #ws, 2 do
       consumer = v[5] or '', ticket = v[6] or '', arrived = v[7] or '', expires = ws[i + 1]}
   end
 end
-return done({cjson.encode(out)})
+return done({R_OK, cjson.encode(out)})

@@ -12,10 +12,16 @@
 --   ARGV[1]  "PUBLISH" or "SPUBLISH" (sharded pub/sub on Redis Cluster), used
 --            for wake events.
 --   ARGV[2]  idle TTL in ms: how long a key lives after it was last touched.
---   ARGV[3…] the script's own arguments.
--- Numbers go back to the client as strings, since Redis truncates a
--- fractional Lua number reply to an integer. A malformed argument raises an
--- error reply starting with "RBINVAL" before anything is written.
+--   ARGV[3]  the clock: "" to use Redis TIME (production always sends ""),
+--            or a decimal count of microseconds since the Unix epoch that
+--            every step of the call takes as now instead. Tests step it to
+--            drive buckets, pauses and expiry without waiting.
+--   ARGV[4…] the script's own arguments.
+-- Every reply is a list of strings whose first field is a reply code, one
+-- of the R_ constants below (redisstore mirrors them by name). Numbers go
+-- back to the client as strings, since Redis truncates a fractional Lua
+-- number reply to an integer. A malformed argument raises an error reply
+-- starting with "RBINVAL" before anything is written.
 --
 -- Key layout under the prefix P:
 --   cfg          hash: limits (json, rps, burst, c0..c<NCLASS-1>, bodies, mem),
@@ -54,6 +60,20 @@ for c = 0, NCLASS - 1 do
   CAPF[c + 1] = 'c' .. c
   CLASSF[c + 1] = 'f' .. c
 end
+
+-- Reply codes, the first field of every reply. Their values are the wire
+-- format: redisstore decodes them by the same names (replies.go), so change
+-- both together. Scripts that only succeed or report a missing budget
+-- answer R_OK or R_UNREGISTERED.
+local R_OK = '1'           -- done; any further fields are the script's result
+local R_GRANTED = '1'      -- acquire: granted, then the grant's age in us
+local R_QUEUED = '2'       -- acquire: queued; wait for a wake event
+local R_DELAYED = '3'      -- acquire: held back by time, then the wait in us
+local R_NEVER = '-1'       -- acquire: memory above the run's ceiling, then the ceiling
+local R_UNREGISTERED = '-2' -- the budget's config is missing (never made, or lost)
+local R_CONFLICT = '-3'    -- register: other limits are stored, then their JSON
+local R_NEW_EPOCH = '-3'   -- heartbeat: the budget's epoch changed, then the new one
+local R_NO_STATE = '0'     -- reset: the domain had no state
 
 -- Per-call state, set by begin.
 local CFG, P, PUB, IDLE -- config key, key prefix, publish command, idle TTL (ms)
@@ -112,7 +132,12 @@ local function begin(keys, argv)
     bad('publish command must be PUBLISH or SPUBLISH')
   end
   IDLE = int(argv[2], 'idle ttl', 1000, 86400000 * 30)
-  NOW, LIM, CANDS, DC = nil, nil, {}, {}
+  LIM, CANDS, DC = nil, {}, {}
+  -- A given clock stands in for TIME; see ARGV[3] above.
+  local t = argv[3]
+  if t == nil then bad('clock argument is missing') end
+  NOW = nil
+  if t ~= '' then NOW = int(t, 'clock', 0, 9007199254740991) end
 end
 
 -- Integers and floats are formatted explicitly: redis.call would turn a Lua
@@ -121,7 +146,8 @@ local function I(x) return string.format('%d', x) end
 local function F(x) return string.format('%.17g', x) end
 
 -- Redis TIME, read once per script (on 7.0 it advances during a script),
--- so every step of one script sees the same instant.
+-- so every step of one script sees the same instant; or the clock given in
+-- ARGV[3], which begin has already set.
 local function clock()
   if not NOW then
     local t = redis.call('TIME')
@@ -297,9 +323,14 @@ local function refill(d, now, r, burst)
   if d.tk > burst then d.tk = burst end
 end
 
+-- Mirrors decayRate in budget/throttle.go, shortcut included: for
+-- back-to-back starts three terms of the series stand in for the
+-- exponential, and both stores must compute the same sum.
 local function decay(sum, dt)
   if dt <= 0 then return sum end
-  return sum * math.exp(-dt / TAU)
+  local x = dt / TAU
+  if x < 1e-3 then return sum * (1 - x + x * x / 2) end
+  return sum * math.exp(-x)
 end
 
 -- Bias-corrected start rate; see measuredRate in budget/throttle.go.
@@ -604,7 +635,18 @@ local function try_grant(wid, now)
   local doms = {}
   for i, e in ipairs(req.encs) do doms[i] = dload(e) end
   local r = decide(req, doms, lim, now, tonumber(v[8]))
-  if r ~= 'granted' then return r end
+  if r ~= 'granted' then
+    -- Keep what check refilled where the rate changes with time (a
+    -- throttled domain, its factor climbing back): a refill credits the
+    -- whole time since the last one at today's rate, so when refills
+    -- happen changes the tokens, and memStore keeps every refill its
+    -- checks make. At a constant rate a refill now or later comes to the
+    -- same, and nothing need be written.
+    for _, d in ipairs(doms) do
+      if d.th == 1 then dsave(d, now, lim) end
+    end
+    return r
+  end
   -- The message carries the grant: the waiter need not call to learn it
   -- (if the message is lost, its next call finds the lease).
   redis.call(PUB, P .. 'wake:' .. req.ch, 'granted ' .. wid)

@@ -1,6 +1,7 @@
 package luascripts
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -57,6 +58,28 @@ func TestFlagsOf(t *testing.T) {
 	} {
 		if got := flagsOf(shebang); got != want {
 			t.Errorf("flagsOf(%q) = %q, want %q", shebang, got, want)
+		}
+	}
+}
+
+// TestRepliesUseNamedCodes keeps reply codes named: a budget script's reply
+// starts with one of lib.lua's R_ constants, never a literal, so a code's
+// meaning is written in one place on each side of the wire.
+func TestRepliesUseNamedCodes(t *testing.T) {
+	reply := regexp.MustCompile(`return (done\()?\{([^,}]*)`)
+	for _, n := range Names() {
+		_, usesLib, body := split(n)
+		if !usesLib {
+			continue
+		}
+		found := reply.FindAllStringSubmatch(body, -1)
+		if len(found) == 0 {
+			t.Errorf("%s: no reply found", n)
+		}
+		for _, m := range found {
+			if first := strings.TrimSpace(m[2]); !strings.HasPrefix(first, "R_") && first != "missing" && first != "out" {
+				t.Errorf("%s: reply %q does not start with an R_ code", n, m[0])
+			}
 		}
 	}
 }

@@ -7,17 +7,19 @@
 -- stays quarantined (no new grants) for one TTL of the re-asserting host.
 --
 -- KEYS[1]  config hash
--- ARGV[3]  lease TTL, ms
--- ARGV[4]  number of leases n, then per lease 6 fields and its domains:
+-- ARGV[1..3] the common arguments (lib.lua)
+-- ARGV[4]  lease TTL, ms
+-- ARGV[5]  number of leases n, then per lease 6 fields and its domains:
 --          id, class index, memory, parts (1 request + 2 body + 4 memory),
 --          consumer, domain count k, then k domain encodings
--- Returns {"-2"} when the budget is not registered, else {count re-asserted}.
+-- Returns {R_UNREGISTERED} when the budget is not registered, else
+-- {R_OK, count re-asserted}.
 
-local ttl = int(ARGV[3], 'lease ttl', 1, 86400000) * 1000
-local n = int(ARGV[4], 'lease count', 0, 1000000)
+local ttl = int(ARGV[4], 'lease ttl', 1, 86400000) * 1000
+local n = int(ARGV[5], 'lease count', 0, 1000000)
 local now = clock()
 local lim = lims()
-if not lim then return {'-2'} end
+if not lim then return {R_UNREGISTERED} end
 touch_cfg(now)
 -- The host saw the epoch change under it. If the budget was re-created by
 -- a host that could not know of the loss (it joined after it), nothing is
@@ -26,7 +28,7 @@ if lim.qu < now + ttl then
   lim.qu = now + ttl
   redis.call('HSET', CFG, 'qu', I(lim.qu))
 end
-local i, put = 5, 0
+local i, put = 6, 0
 for _ = 1, n do
   local id = id_arg(ARGV[i], 'lease id')
   local class = int(ARGV[i + 1], 'class', 0, NCLASS - 1)
@@ -55,4 +57,4 @@ for _ = 1, n do
   end
 end
 redis.call('PEXPIRE', P .. 'lexp', IDLE)
-return {I(put)}
+return {R_OK, I(put)}

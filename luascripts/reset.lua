@@ -5,17 +5,18 @@
 -- is woken, since it may have been waiting out the pause.
 --
 -- KEYS[1]  config hash
--- ARGV[3]  domain encoding
--- Returns {"1"} when the domain had state, {"0"} when it had none, {"-2"}
--- when the budget does not exist.
+-- ARGV[1..3] the common arguments (lib.lua)
+-- ARGV[4]  domain encoding
+-- Returns {R_OK} when the domain had state, {R_NO_STATE} when it had none,
+-- {R_UNREGISTERED} when the budget does not exist.
 
-local enc = enc_arg(ARGV[3])
+local enc = enc_arg(ARGV[4])
 local now = clock()
 local lim = lims()
-if not lim then return {'-2'} end
+if not lim then return {R_UNREGISTERED} end
 touch_cfg(now)
 reclaim(now)
-if redis.call('EXISTS', P .. 'd:' .. enc) == 0 then return {'0'} end
+if redis.call('EXISTS', P .. 'd:' .. enc) == 0 then return {R_NO_STATE} end
 local d = dload(enc)
 d.th, d.wm, d.da, d.bs, d.pu = 0, 0, 0, 0, 0
 if lim.rps == 0 then
@@ -26,4 +27,4 @@ end
 dsave(d, now, lim)
 local h = head(d.q)
 if h then candidate(h) end
-return done({'1'})
+return done({R_OK})

@@ -6,17 +6,19 @@
 -- Mirrors memStore.Throttle in budget/memstore.go.
 --
 -- KEYS[1]  config hash
--- ARGV[3]  domain encoding
--- ARGV[4]  retry-after, us (0: unknown)
--- ARGV[5]  quarantine after a detected restart, ms (the caller's lease TTL)
--- Returns {"1", factor} or {"-2"} when the budget is not registered.
+-- ARGV[1..3] the common arguments (lib.lua)
+-- ARGV[4]  domain encoding
+-- ARGV[5]  retry-after, us (0: unknown)
+-- ARGV[6]  quarantine after a detected restart, ms (the caller's lease TTL)
+-- Returns {R_OK, factor after the report}, or {R_UNREGISTERED} when the
+-- budget is not registered.
 
-local enc = enc_arg(ARGV[3])
-local pause = int(ARGV[4], 'retry-after', 0, 9007199254740991)
+local enc = enc_arg(ARGV[4])
+local pause = int(ARGV[5], 'retry-after', 0, 9007199254740991)
 local now = clock()
 local lim = lims()
-if not lim then return {'-2'} end
-if restarted() then new_epoch(now, int(ARGV[5], 'quarantine', 0, 86400000) * 1000) end
+if not lim then return {R_UNREGISTERED} end
+if restarted() then new_epoch(now, int(ARGV[6], 'quarantine', 0, 86400000) * 1000) end
 touch_cfg(now)
 reclaim(now)
 
@@ -41,4 +43,4 @@ if pause > 0 then
   if d.pu > d.ta then d.ta = d.pu end
 end
 dsave(d, now, lim)
-return done({'1', F(factor(d, now))})
+return done({R_OK, F(factor(d, now))})

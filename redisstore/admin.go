@@ -63,7 +63,7 @@ func (a *Admin) run(ctx context.Context, name, op string, pick func(*scriptSet) 
 		return nil, err
 	}
 	sc := pick(set)
-	args := append([]any{pubCommand(a.client), ms(adminIdle)}, own...)
+	args := commonArgs(pubCommand(a.client), adminIdle, nil, own...)
 	res, err := sc.Run(ctx, a.client, []string{keyPrefix(name) + "cfg"}, args...).StringSlice()
 	if err != nil {
 		if ctx.Err() != nil {
@@ -71,10 +71,15 @@ func (a *Admin) run(ctx context.Context, name, op string, pick func(*scriptSet) 
 		}
 		return nil, fmt.Errorf("redisstore: %s: %w: %v", op, budget.ErrUnavailable, err)
 	}
-	if len(res) == 1 && res[0] == "-2" {
-		return nil, fmt.Errorf("%w: %q", ErrNoBudget, name)
-	}
 	return res, nil
+}
+
+// noBudget turns a script's report of a missing config into ErrNoBudget.
+func noBudget(name string, err error) error {
+	if errors.Is(err, errNotRegistered) {
+		return fmt.Errorf("%w: %q", ErrNoBudget, name)
+	}
+	return err
 }
 
 // BudgetSummary is one line of List.
@@ -192,8 +197,9 @@ func (a *Admin) Inspect(ctx context.Context, name string, most int) (Inspection,
 	if err != nil {
 		return Inspection{}, err
 	}
-	if len(res) != 1 {
-		return Inspection{}, fmt.Errorf("redisstore: inspect: malformed reply")
+	doc, err := decodeInspect(res)
+	if err != nil {
+		return Inspection{}, noBudget(name, err)
 	}
 	var raw struct {
 		Now, Epoch, Limits, Memheld string
@@ -201,7 +207,7 @@ func (a *Admin) Inspect(ctx context.Context, name string, most int) (Inspection,
 		Leases                      luaList[map[string]string]
 		Waiters                     luaList[map[string]string]
 	}
-	if err := json.Unmarshal([]byte(res[0]), &raw); err != nil {
+	if err := json.Unmarshal([]byte(doc), &raw); err != nil {
 		return Inspection{}, fmt.Errorf("redisstore: inspect: malformed reply: %v", err)
 	}
 	p := parser{}
@@ -258,8 +264,12 @@ func (a *Admin) Throttle(ctx context.Context, name string, d budget.Domain, retr
 	if retryAfter < 0 {
 		return fmt.Errorf("%w: negative retry-after", budget.ErrInvalidRequest)
 	}
-	_, err := a.run(ctx, name, "throttle", func(s *scriptSet) *redis.Script { return s.throttle }, encodeDomain(d), strconv.FormatInt(retryAfter.Microseconds(), 10), ms(DefaultLeaseTTL))
-	return err
+	res, err := a.run(ctx, name, "throttle", func(s *scriptSet) *redis.Script { return s.throttle }, encodeDomain(d), strconv.FormatInt(retryAfter.Microseconds(), 10), ms(DefaultLeaseTTL))
+	if err != nil {
+		return err
+	}
+	_, err = decodeThrottle(res)
+	return noBudget(name, err)
 }
 
 // ResetThrottle clears d's throttle state (factor back to 1, no pause). It
@@ -272,7 +282,8 @@ func (a *Admin) ResetThrottle(ctx context.Context, name string, d budget.Domain)
 	if err != nil {
 		return false, err
 	}
-	return res[0] == "1", nil
+	had, err := decodeReset(res)
+	return had, noBudget(name, err)
 }
 
 // ReplaceLimits stores new limits for an existing budget; hosts enforce
@@ -308,11 +319,8 @@ func (a *Admin) DropLeases(ctx context.Context, name, consumer string, all bool)
 	if err != nil {
 		return 0, err
 	}
-	n, err := strconv.Atoi(res[0])
-	if err != nil {
-		return 0, fmt.Errorf("redisstore: drop: malformed reply %q", res[0])
-	}
-	return n, nil
+	n, err := decodeCount("drop", res)
+	return n, noBudget(name, err)
 }
 
 // luaList decodes a JSON array, and also the "{}" that Lua's cjson writes

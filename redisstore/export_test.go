@@ -21,3 +21,17 @@ func WithEvalOnly() Option { return func(s *Store) { s.evalOnly = true } }
 
 // UsesLibrary reports whether s runs its scripts as library functions.
 func UsesLibrary(s *Store) bool { return s.lib != nil }
+
+// WithTestClock makes every script of s take now() as the time instead of
+// Redis TIME (ARGV[3] of lib.lua's conventions), and s's own bookkeeping
+// read it too, so a test steps one fake time for the scripts and for the
+// in-process store.
+func WithTestClock(now func() time.Time) Option { return withClock(now) }
+
+// ReplyCodes maps lib.lua's reply code names to the Go constants that
+// decode them.
+var ReplyCodes = map[string]string{
+	"R_OK": replyOK, "R_GRANTED": replyGranted, "R_QUEUED": replyQueued, "R_DELAYED": replyDelayed,
+	"R_NEVER": replyNever, "R_UNREGISTERED": replyUnregistered, "R_CONFLICT": replyConflict,
+	"R_NEW_EPOCH": replyNewEpoch, "R_NO_STATE": replyNoState,
+}

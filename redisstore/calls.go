@@ -1,0 +1,358 @@
+package redisstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/lease"
+)
+
+// The store's calls: each budget.Store method is one script call (two when
+// Redis lost the budget and it is registered again first).
+
+// Register implements budget.Store.
+func (s *Store) Register(ctx context.Context, l budget.Limits, replace bool) error {
+	return s.register(ctx, l, replace, false)
+}
+
+// register stores l. lost says this store held state under an epoch that
+// Redis no longer has: a budget created now starts under quarantine.
+func (s *Store) register(ctx context.Context, l budget.Limits, replace, lost bool) error {
+	js, err := json.Marshal(l) // map keys sorted: canonical
+	if err != nil {
+		return fmt.Errorf("redisstore: encoding limits: %v", err)
+	}
+	args := s.args(string(js), strconv.FormatFloat(l.RequestsPerSecond, 'f', -1, 64), l.Burst,
+		l.OpenBodies, l.MemoryBytes, flag(replace), flag(lost), ms(s.ttl), 0)
+	for _, c := range budget.Classes() {
+		args = append(args, l.InFlight[c])
+	}
+	res, err := s.run(ctx, "register", s.sc.register, args...)
+	if err != nil {
+		return err
+	}
+	epoch, err := decodeRegister(res, s.name, js)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.limits = l
+	if s.epoch == "" {
+		s.epoch = epoch
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+func flag(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// reregister stores the limits again after Redis lost the budget's config
+// (a restart without persistence, a failover that lost writes): the first
+// host to notice starts the budget anew under a quarantine of one lease
+// TTL, and every host puts back the leases it still holds.
+func (s *Store) reregister(ctx context.Context) error {
+	s.mu.Lock()
+	l := s.limits
+	s.mu.Unlock()
+	if err := s.register(ctx, l, false, true); err != nil {
+		return err
+	}
+	return s.reassert(ctx, "")
+}
+
+// reassert puts this process's leases back into Redis after the budget's
+// epoch changed, then records the new epoch (empty: read it from Redis).
+// Until it succeeds the old epoch stays, so the next heartbeat tries again
+// rather than declaring the leases lost.
+func (s *Store) reassert(ctx context.Context, epoch string) error {
+	s.reasserting.Lock()
+	defer s.reasserting.Unlock()
+	s.mu.Lock()
+	type one struct {
+		id string
+		h  heldLease
+	}
+	all := make([]one, 0, len(s.leases))
+	for id, h := range s.leases {
+		all = append(all, one{id, *h})
+	}
+	s.mu.Unlock()
+	const chunk = 500
+	for start := 0; start < len(all) || start == 0; start += chunk {
+		part := all[start:min(start+chunk, len(all))]
+		args := s.args(ms(s.ttl), len(part))
+		for _, x := range part {
+			args = append(args, x.id, x.h.class, x.h.mem, int(x.h.held), x.h.consumer, len(x.h.encs))
+			for _, e := range x.h.encs {
+				args = append(args, e)
+			}
+		}
+		res, err := s.run(ctx, "reassert", s.sc.reassert, args...)
+		if err != nil {
+			return err
+		}
+		if _, err := decodeCount("reassert", res); errors.Is(err, errNotRegistered) {
+			return fmt.Errorf("redisstore: reassert: %w: budget config disappeared again", budget.ErrUnavailable)
+		} else if err != nil {
+			return err
+		}
+		if len(all) == 0 {
+			break
+		}
+	}
+	if epoch == "" {
+		e, err := s.client.HGet(ctx, s.keys[0], "epoch").Result()
+		if err != nil {
+			return s.classify(ctx, "reassert", err)
+		}
+		epoch = e
+	}
+	s.mu.Lock()
+	s.epoch = epoch
+	s.mu.Unlock()
+	return nil
+}
+
+// TryAcquire implements budget.Store.
+func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (budget.Attempt, error) {
+	encs := make([]string, len(req.Domains))
+	for i, d := range req.Domains {
+		encs[i] = encodeDomain(d)
+	}
+	s.mu.Lock()
+	w := s.wakes[id]
+	if w != nil && w.granted {
+		// Granted by handoff: the script said so, no call needed. The
+		// lease's TTL started at the grant, which came after this waiter's
+		// previous call (it was queued then): count renewals from that call,
+		// which can only be early, never late. A lost message falls back to
+		// the waiter's next call, which finds the lease.
+		delete(s.wakes, id)
+		s.leases[id] = &heldLease{encs: encs, class: req.Class.Index(), mem: req.MemoryBytes, consumer: req.Consumer, held: req.Parts(), renewed: w.lastCall}
+		s.mu.Unlock()
+		return budget.Attempt{Outcome: budget.Granted, GrantedAgo: s.now().Sub(w.lastCall)}, nil
+	}
+	first := 0
+	if w == nil {
+		// No call was ever sent for this id: the script need not look for
+		// a lease or a waiter of it.
+		first = 1
+		w = &waiting{wake: make(chan struct{}, 1)}
+		s.wakes[id] = w
+	}
+	w.lastCall = s.now()
+	sent := w.lastCall
+	wake := w.wake
+	s.mu.Unlock()
+	body := 0
+	if req.OpensBody {
+		body = 1
+	}
+	args := s.args(id, s.channel, req.Class.Index(), req.MemoryBytes, body, req.Consumer, ms(s.ttl), first)
+	firstArg := len(args) - 1
+	args = append(args, len(encs))
+	for _, e := range encs {
+		args = append(args, e)
+	}
+	for try := range 2 {
+		if try > 0 {
+			args[firstArg] = 0 // the first call went out: no longer a first call
+		}
+		res, err := s.run(ctx, "acquire", s.sc.acquire, args...)
+		if err != nil {
+			return budget.Attempt{}, err
+		}
+		r, err := decodeAcquire(res, req.MemoryBytes)
+		switch {
+		case errors.Is(err, errNotRegistered):
+			if err := s.reregister(ctx); err != nil {
+				return budget.Attempt{}, err
+			}
+			continue
+		case errors.Is(err, budget.ErrNeverAdmissible):
+			s.unwatch(id)
+			return budget.Attempt{}, err
+		case err != nil:
+			return budget.Attempt{}, err
+		}
+		switch r.outcome {
+		case budget.Granted:
+			s.unwatch(id)
+			s.mu.Lock()
+			s.leases[id] = &heldLease{encs: encs, class: req.Class.Index(), mem: req.MemoryBytes, consumer: req.Consumer, held: req.Parts(), renewed: sent.Add(-r.age)}
+			s.mu.Unlock()
+			return budget.Attempt{Outcome: budget.Granted, GrantedAgo: r.age}, nil
+		case budget.Delayed:
+			return budget.Attempt{Outcome: budget.Delayed, Wait: r.wait, Wake: wake}, nil
+		}
+		return budget.Attempt{Outcome: budget.Queued, Wake: wake}, nil
+	}
+	return budget.Attempt{}, fmt.Errorf("redisstore: acquire: %w: budget config keeps disappearing", budget.ErrUnavailable)
+}
+
+// Cancel implements budget.Store.
+func (s *Store) Cancel(ctx context.Context, id string) error {
+	s.reasserting.RLock()
+	defer s.reasserting.RUnlock()
+	s.unwatch(id)
+	res, err := s.run(ctx, "cancel", s.sc.cancel, s.args(id)...)
+	if err == nil {
+		err = decodeOK("cancel", res)
+	}
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	delete(s.leases, id)
+	s.mu.Unlock()
+	return nil
+}
+
+// Retire implements budget.Store.
+func (s *Store) Retire(ctx context.Context, id string, parts lease.Parts) error {
+	parts &= lease.All
+	if parts == 0 {
+		return nil
+	}
+	s.reasserting.RLock()
+	defer s.reasserting.RUnlock()
+	if _, ok := ctx.Deadline(); !ok {
+		// Leases retire with a background context: bound the call here.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, lease.RetireTimeout)
+		defer cancel()
+	}
+	res, err := s.run(ctx, "retire", s.sc.retire, s.args(id, int(parts))...)
+	if err == nil {
+		err = decodeOK("retire", res)
+	}
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if h := s.leases[id]; h != nil {
+		if h.held &^= parts; h.held == 0 {
+			delete(s.leases, id)
+		}
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// Heartbeat implements budget.Store: one script call renews every listed
+// lease and keeps the hashes of their domains alive.
+func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
+	seen := make(map[string]struct{})
+	var encs, renew []string
+	start := s.now()
+	s.mu.Lock()
+	for _, id := range ids {
+		if h := s.leases[id]; h != nil {
+			if start.Sub(h.renewed) > s.idle/4 {
+				renew = append(renew, id)
+			}
+			for _, e := range h.encs {
+				if _, ok := seen[e]; !ok {
+					seen[e] = struct{}{}
+					encs = append(encs, e)
+				}
+			}
+		}
+	}
+	s.mu.Unlock()
+	var missing []string
+	for attempt := 0; ; attempt++ {
+		s.mu.Lock()
+		epoch := s.epoch
+		s.mu.Unlock()
+		args := s.args(ms(s.ttl), len(ids))
+		for _, id := range ids {
+			args = append(args, id)
+		}
+		args = append(args, len(encs))
+		for _, e := range encs {
+			args = append(args, e)
+		}
+		args = append(args, len(renew))
+		for _, id := range renew {
+			args = append(args, id)
+		}
+		args = append(args, epoch)
+		res, err := s.run(ctx, "heartbeat", s.sc.heartbeat, args...)
+		if err != nil {
+			return nil, err
+		}
+		r, err := decodeHeartbeat(res)
+		if err == nil && r.newEpoch == "" {
+			missing = r.missing
+			break
+		}
+		if attempt == 2 {
+			return nil, fmt.Errorf("redisstore: heartbeat: %w: the budget's epoch keeps changing", budget.ErrUnavailable)
+		}
+		switch {
+		case errors.Is(err, errNotRegistered): // Redis lost the budget
+			err = s.reregister(ctx)
+		case err == nil: // a new epoch: put our leases back before renewing them
+			err = s.reassert(ctx, r.newEpoch)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	s.mu.Lock()
+	for _, id := range renew {
+		if h := s.leases[id]; h != nil {
+			h.renewed = start
+		}
+	}
+	for _, id := range missing {
+		delete(s.leases, id)
+	}
+	s.mu.Unlock()
+	return missing, nil
+}
+
+// Throttle implements budget.Store. It returns the domain's rate factor
+// after the report.
+func (s *Store) Throttle(ctx context.Context, d budget.Domain, retryAfter time.Duration) (float64, error) {
+	args := s.args(encodeDomain(d), strconv.FormatInt(retryAfter.Microseconds(), 10), ms(s.ttl))
+	for range 2 {
+		res, err := s.run(ctx, "throttle", s.sc.throttle, args...)
+		if err != nil {
+			return 0, err
+		}
+		f, err := decodeThrottle(res)
+		if errors.Is(err, errNotRegistered) {
+			if err := s.reregister(ctx); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		return f, err
+	}
+	return 0, fmt.Errorf("redisstore: throttle: %w: budget config keeps disappearing", budget.ErrUnavailable)
+}
+
+// Usage implements budget.Store.
+func (s *Store) Usage(ctx context.Context) (budget.Usage, error) {
+	res, err := s.run(ctx, "usage", s.sc.usage, s.args()...)
+	if err != nil {
+		return budget.Usage{}, err
+	}
+	u, err := decodeUsage(res)
+	if errors.Is(err, errNotRegistered) {
+		return budget.Usage{}, nil // nothing stored: nothing held
+	}
+	return u, err
+}
