@@ -33,7 +33,6 @@ const (
 	// AdmissionID to read on every attempt.
 	OperationID = "RunBudgetOperation"
 
-	// retryID and signingID are the SDK's IDs of its retry loop
 	// ((*retry.Attempt).ID()) and of the SigV4 signer.
 	retryID   = "Retry"
 	signingID = "Signing"
@@ -221,7 +220,9 @@ func (m *operationMiddleware) HandleInitialize(ctx context.Context, in middlewar
 	if source != nil {
 		// A server-side copy is one admission on both buckets; see the
 		// package documentation, "Copies", for why not two.
-		req.Domains = append(req.Domains, m.c.domain(*source))
+		if d := m.c.domain(*source); d != req.Domains[0] {
+			req.Domains = append(req.Domains, d)
+		}
 	}
 	ctx = middleware.WithStackValue(ctx, operationKey{}, &operation{name: name, req: req})
 	return next.HandleInitialize(ctx, in)
