@@ -116,9 +116,10 @@ next:
 }
 
 // TestExporterOverHTTP holds leases on a password-protected Redis, scrapes
-// the command over HTTP and compares with Inspect; then stops Redis and
-// expects a quick answer saying the scrape failed, and recovery once Redis
-// is back. The password appears nowhere.
+// the command over HTTP and compares with Inspect; then freezes Redis (the
+// scrape answers at its timeout), kills it (the scrape answers at once),
+// both saying the scrape failed, and restarts it (recovery). The password
+// appears nowhere.
 func TestExporterOverHTTP(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t, redistest.WithConfig("requirepass "+password))
@@ -149,7 +150,7 @@ func TestExporterOverHTTP(t *testing.T) {
 		t.Fatalf("Inspect = %+v, %v", in, err)
 	}
 
-	const timeout = 3 * time.Second
+	const timeout = time.Second
 	// The URL comes from the environment, as REDIS_URL.
 	base, logs := exporter(t, []string{"--listen", "127.0.0.1:0", "--scrape-timeout", timeout.String()},
 		map[string]string{"REDIS_URL": srv.URL()})
@@ -177,6 +178,16 @@ func TestExporterOverHTTP(t *testing.T) {
 	}
 	for _, p := range problems {
 		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+	}
+
+	srv.Pause()
+	mfs, _, took := scrape(t, hc, base+"/metrics")
+	srv.Resume()
+	if got := gauge(t, mfs, "runbudget_exporter_scrape_error"); got != 1 {
+		t.Errorf("scrape_error = %v with Redis frozen", got)
+	}
+	if took < timeout || took > timeout+2*time.Second {
+		t.Errorf("a scrape with Redis frozen took %v; want about the %v timeout", took, timeout)
 	}
 
 	srv.Kill()
