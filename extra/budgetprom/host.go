@@ -36,9 +36,10 @@ type HostOpts struct {
 	// of their own: the first DomainLabels domains seen keep theirs for the
 	// collector's life, and every later one is counted under domain="other"
 	// (runbudget_domain_label_folds_total counts those observations). Zero,
-	// the default, means no domain label: each domain costs one histogram
-	// per class and outcome seen, and provider domains can number in the
-	// millions, which would sink Prometheus.
+	// the default, means no domain label. The bound is there because each
+	// labelled domain costs a histogram per class and outcome seen, and
+	// provider domains can number in the millions, which would sink
+	// Prometheus.
 	//
 	// With the label, a request naming several domains is counted once
 	// under each of them, so a sum over domains counts it more than once;
