@@ -33,9 +33,8 @@ const (
 	// AdmissionID to read on every attempt.
 	OperationID = "RunBudgetOperation"
 
-	// ((*retry.Attempt).ID()) and of the SigV4 signer.
-	retryID   = "Retry"
-	signingID = "Signing"
+	// retryID is the SDK's ID of its retry loop, (*retry.Attempt).ID().
+	retryID = "Retry"
 )
 
 // throttleTimeout bounds one Throttle report. The report is sent even when

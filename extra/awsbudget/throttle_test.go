@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
 )
 
 func TestPauseFrom(t *testing.T) {
@@ -83,4 +85,12 @@ func FuzzParseMillis(f *testing.F) {
 			t.Fatalf("parseMillis(%q) = %v, %v", s, d, ok)
 		}
 	})
+}
+
+// TestRetryID ties the anchor of the admission to the SDK's own ID for its
+// retry loop, so an SDK that renamed it fails here and not in production.
+func TestRetryID(t *testing.T) {
+	if id := (&retry.Attempt{}).ID(); id != retryID {
+		t.Errorf("the SDK's retry middleware is %q, the package anchors on %q", id, retryID)
+	}
 }
