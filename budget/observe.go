@@ -118,8 +118,11 @@ type observedStore struct {
 	obs Observer
 }
 
+// fail reports err unless the call was cancelled. A deadline is no excuse:
+// the Budget bounds each call to a remote store by what is left of its
+// grace, so a store too slow to answer in time fails by the deadline.
 func (s observedStore) fail(ctx context.Context, op string, err error) {
-	if err != nil && ctx.Err() == nil {
+	if err != nil && !(errors.Is(err, context.Canceled) || errors.Is(ctx.Err(), context.Canceled)) {
 		s.obs.ObserveStoreError(StoreErrorEvent{Op: op, Err: err})
 	}
 }
