@@ -124,6 +124,9 @@ type config struct {
 	lines []string
 	// cluster makes every start pick a client port whose bus port is free too.
 	cluster bool
+	// sentinel holds the lines WithSentinelConfig adds to every sentinel.conf
+	// of StartSentinel.
+	sentinel []string
 	// pickPort chooses a port per start attempt; tests replace it to force a
 	// bind failure.
 	pickPort func(cluster bool) (int, error)
@@ -247,6 +250,7 @@ type Server struct {
 	password string
 	lines    []string
 	cluster  bool
+	args     []string // after the config file on the command line ("--sentinel")
 
 	mu     sync.Mutex
 	port   int
@@ -371,7 +375,7 @@ func (s *Server) launch() error {
 		return fmt.Errorf("redistest: %w", err)
 	}
 	// Redis reports config errors on stderr, before it opens its logfile.
-	cmd := exec.Command(s.bin, s.conf)
+	cmd := exec.Command(s.bin, append([]string{s.conf}, s.args...)...)
 	cmd.Dir = s.dir
 	cmd.Stdout = stdio
 	cmd.Stderr = stdio
