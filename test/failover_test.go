@@ -1,0 +1,531 @@
+package test
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/internal/redistest"
+	"github.com/runbudget/runbudget/redisstore"
+)
+
+// The master-crash scenarios (18 and 19 in FAULTS.md): the Redis master that
+// holds a budget is killed with kill -9 while lanes on several hosts admit
+// continuously, and its replica takes over (Redis Cluster's own failover,
+// or Sentinel's). The budget must admit again within the failure-detection
+// timeout plus two seconds of the crash, and never above its ceiling.
+
+const (
+	// crashNodeTimeout is how long the failover waits before it calls a
+	// silent master dead: cluster-node-timeout, or Sentinel's
+	// down-after-milliseconds.
+	crashNodeTimeout = time.Second
+	// crashBar is the pass bar: the first grant after the crash comes within
+	// the node timeout plus two seconds.
+	crashBar = crashNodeTimeout + 2*time.Second
+	// crashTTL is the lease TTL of these scenarios. A promoted replica may
+	// have missed writes, so the first script that notices the new server
+	// quarantines the budget for one TTL; a short TTL keeps the quarantine
+	// from hiding how long the recovery itself takes. It is also shorter
+	// than any failover, so every lease held at the crash is lost (its
+	// holder cannot renew it) before the replica takes over.
+	crashTTL = 500 * time.Millisecond
+	// crashHold is how long a lane holds each lease.
+	crashHold = 5 * time.Millisecond
+)
+
+// crashSize is how big one run of a scenario is.
+type crashSize struct {
+	hosts, lanes, ceiling int
+	// wait bounds how long after the crash the run waits for the budget and
+	// the go-redis baselines to recover, before it reports what did not.
+	wait time.Duration
+}
+
+func crashSizeFor() crashSize {
+	if long {
+		// Long enough to see a ClusterClient without help recover when its
+		// periodic slot-map reload comes (60s after the map was loaded).
+		return crashSize{hosts: 4, lanes: 16, ceiling: 8, wait: 50 * time.Second}
+	}
+	return crashSize{hosts: 2, lanes: 8, ceiling: 4, wait: 8 * time.Second}
+}
+
+// crashRig is what a scenario hands to runMasterCrash: the clients, and how
+// to crash the master and see its replica take over.
+type crashRig struct {
+	bar       time.Duration           // the first grant after the crash comes within this
+	cfgKey    string                  // the budget's config key
+	hosts     []redis.UniversalClient // one client per host
+	baselines []crashBaseline         // plain go-redis write loops on the budget's master
+	master    *redistest.Server
+	replica   *redistest.Server // the one that takes over
+	// switched, when set, reports whether the rest of the system names the
+	// replica as master (the sentinels); nil when promotion is the switch.
+	switched func() bool
+}
+
+// crashBaseline is a SET loop on a key in the budget's slot, through plain
+// go-redis: what any client of that Redis sees, without runbudget.
+type crashBaseline struct {
+	name   string
+	client redis.UniversalClient
+	// onNetErr, when set, runs after each write that failed on the network
+	// (not with a Redis error reply).
+	onNetErr func(context.Context)
+}
+
+// crashRun is what a run recorded. Times are the test's clock.
+type crashRun struct {
+	mu       sync.Mutex
+	grants   []crashGrant
+	lost     int
+	laneErrs []error
+	usage    map[int][]time.Time    // successful store calls of each host's probe
+	writes   map[string][]time.Time // successful writes per baseline
+}
+
+// crashGrant is one grant: the host, when its Acquire was called and when
+// it returned the lease.
+type crashGrant struct {
+	host       int
+	issued, at time.Time
+}
+
+func (r *crashRun) grant(g crashGrant) {
+	r.mu.Lock()
+	r.grants = append(r.grants, g)
+	r.mu.Unlock()
+}
+
+// firstAfter returns how long after t0 the first of ts came, if any did.
+func firstAfter(ts []time.Time, t0 time.Time) (time.Duration, bool) {
+	for _, at := range ts {
+		if at.After(t0) {
+			return at.Sub(t0), true
+		}
+	}
+	return 0, false
+}
+
+// isNetErr reports whether err is a failure to reach Redis rather than a
+// reply from it.
+func isNetErr(err error) bool {
+	var reply redis.Error
+	return err != nil && !errors.As(err, &reply)
+}
+
+// runMasterCrash runs lanes on rig's hosts, kills the master with kill -9,
+// measures the recovery and checks the bar and the ceiling.
+func runMasterCrash(t *testing.T, rig crashRig, size crashSize) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ref := startReferee(t, func(string) int { return size.ceiling })
+	const name = "crash"
+	run := &crashRun{usage: map[int][]time.Time{}, writes: map[string][]time.Time{}}
+
+	var budgets []*budget.Budget
+	for _, c := range rig.hosts {
+		s, err := redisstore.New(c, name, redisstore.WithLeaseTTL(crashTTL))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The grace outlasts the run: a lane rides the whole outage in one
+		// Acquire call, and any error it returns is a failure.
+		b, err := budget.New(faultLimits(size.ceiling), budget.WithStore(s), budget.WithUnavailableGrace(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Close() })
+		budgets = append(budgets, b)
+	}
+	epochBefore, err := rig.master.Client(t).HGet(ctx, rig.cfgKey, "epoch").Result()
+	if err != nil {
+		t.Fatalf("the budget's epoch on its master: %v", err)
+	}
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel() // runs before wg.Wait: stop every goroutine, then wait
+	req := budget.Request{Domains: []budget.Domain{faultDomain(0)}, Class: budget.OpGet}
+	for h, b := range budgets {
+		for lane := range size.lanes {
+			rc, err := dialReferee(ref.addr(), fmt.Sprintf("h%d/%d", h, lane))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// One lane holds for two TTLs, so a lease is likely held at the
+			// crash and lost (its holder cannot renew it) during the outage.
+			hold := crashHold
+			if h == 0 && lane == 0 {
+				hold = 2 * crashTTL
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer rc.Close()
+				if err := crashLane(ctx, h, b, req, hold, rc, run); err != nil && ctx.Err() == nil {
+					run.mu.Lock()
+					run.laneErrs = append(run.laneErrs, err)
+					run.mu.Unlock()
+				}
+			}()
+		}
+	}
+	// A probe per host: a store call (Usage, one script on the budget's
+	// slot) every 10ms, to tell when the host's store answers again apart
+	// from when it grants again.
+	for h, b := range budgets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			every(ctx, 10*time.Millisecond, func() {
+				pctx, pcancel := context.WithTimeout(ctx, 250*time.Millisecond)
+				defer pcancel()
+				if _, err := b.Usage(pctx); err == nil {
+					run.mu.Lock()
+					run.usage[h] = append(run.usage[h], time.Now())
+					run.mu.Unlock()
+				}
+			})
+		}()
+	}
+	baselineKey := "baseline:" + rig.cfgKey // same hash tag, same slot
+	for _, bl := range rig.baselines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			every(ctx, 10*time.Millisecond, func() {
+				wctx, wcancel := context.WithTimeout(ctx, 250*time.Millisecond)
+				defer wcancel()
+				err := bl.client.Set(wctx, baselineKey, "x", time.Minute).Err()
+				switch {
+				case err == nil:
+					run.mu.Lock()
+					run.writes[bl.name] = append(run.writes[bl.name], time.Now())
+					run.mu.Unlock()
+				case bl.onNetErr != nil && isNetErr(err) && ctx.Err() == nil:
+					bl.onNetErr(ctx)
+				}
+			})
+		}()
+	}
+
+	// Warm up: every host admits and every baseline writes before the crash.
+	waitFor(t, "grants and baseline writes before the crash", 20*time.Second, func() bool {
+		run.mu.Lock()
+		defer run.mu.Unlock()
+		for _, bl := range rig.baselines {
+			if len(run.writes[bl.name]) == 0 {
+				return false
+			}
+		}
+		hosts := map[int]bool{}
+		for _, g := range run.grants {
+			hosts[g.host] = true
+		}
+		return len(run.grants) >= 50*len(budgets) && len(hosts) == len(budgets) && len(run.usage) == len(budgets)
+	})
+
+	killed := time.Now()
+	rig.master.Kill()
+	replicaClient := rig.replica.Client(t)
+	var promoted, switched, qStart, qEnd time.Time
+	deadline := killed.Add(size.wait)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	// Poll the replica (no event announces a promotion to an outsider) until
+	// it is master, the budget has granted again and its quarantine is over,
+	// every baseline wrote again, and one more second has run under the
+	// referee; or until the wait is over.
+	for now := time.Now(); now.Before(deadline); now = <-tick.C {
+		pctx, pcancel := context.WithTimeout(ctx, 250*time.Millisecond)
+		if promoted.IsZero() && strings.Contains(replicaClient.Info(pctx, "replication").Val(), "role:master") {
+			promoted = now
+		}
+		if switched.IsZero() && rig.switched != nil && rig.switched() {
+			switched = now
+		}
+		if !promoted.IsZero() && qStart.IsZero() {
+			// The promoted replica's copy of the config: a new epoch means a
+			// script noticed the new server and started the quarantine.
+			// Both are Redis TIME in microseconds, on this machine's clock.
+			v, err := replicaClient.HMGet(pctx, rig.cfgKey, "epoch", "qu").Result()
+			if err == nil && len(v) == 2 {
+				e, _ := v[0].(string)
+				qu, _ := v[1].(string)
+				qs, err1 := strconv.ParseInt(e, 10, 64)
+				qe, err2 := strconv.ParseInt(qu, 10, 64)
+				if e != epochBefore && err1 == nil && err2 == nil {
+					qStart, qEnd = time.UnixMicro(qs), time.UnixMicro(qe)
+				}
+			}
+		}
+		pcancel()
+		run.mu.Lock()
+		_, granted := firstGrantAfter(run.grants, -1, killed)
+		wrote := true
+		for _, bl := range rig.baselines {
+			_, ok := firstAfter(run.writes[bl.name], killed)
+			wrote = wrote && ok
+		}
+		run.mu.Unlock()
+		if granted && wrote && !qStart.IsZero() && now.After(qEnd.Add(time.Second)) &&
+			(rig.switched == nil || !switched.IsZero()) {
+			break
+		}
+	}
+	cancel()
+	wg.Wait()
+	end := time.Now()
+
+	run.mu.Lock()
+	defer run.mu.Unlock()
+	// after formats a time after the crash, or says there was none.
+	after := func(d time.Duration, ok bool) string {
+		if !ok {
+			return fmt.Sprintf("none within %v", size.wait)
+		}
+		return d.Round(time.Millisecond).String()
+	}
+	first, granted := firstGrantAfter(run.grants, -1, killed)
+	var perHostGrant, perHostStore []string
+	for h := range budgets {
+		perHostGrant = append(perHostGrant, after(firstGrantAfter(run.grants, h, killed)))
+		perHostStore = append(perHostStore, after(firstAfter(run.usage[h], killed)))
+	}
+	pause, grantsInQuarantine := grantPauses(run.grants, killed, end, qStart, qEnd)
+	over, overFor, starts := ref.report()
+	since := func(at time.Time) string {
+		if at.IsZero() {
+			return "not seen"
+		}
+		return at.Sub(killed).Round(time.Millisecond).String()
+	}
+	sw := ""
+	if rig.switched != nil {
+		sw = ", sentinels named it master " + since(switched)
+	}
+	quarantine := "no quarantine seen"
+	if !qStart.IsZero() {
+		quarantine = fmt.Sprintf("quarantine from %s to %s (%d grants inside it)", since(qStart), since(qEnd), grantsInQuarantine)
+	}
+	figure(t, "%d hosts x %d lanes, ceiling %d, lease TTL %v; after kill -9 of the budget's master: replica promoted %s%s; first store call answered per host %s; first grant %s (bar %v; per host %s); %s; longest pause in grants after the first %v; %d leases lost; referee peak %d of %d (overshoot %d, for %v) over %d holds; %d lane errors",
+		size.hosts, size.lanes, size.ceiling, crashTTL, since(promoted), sw, strings.Join(perHostStore, ", "),
+		after(first, granted), rig.bar, strings.Join(perHostGrant, ", "), quarantine, pause.Round(time.Millisecond), run.lost,
+		ref.peakOf("get"), size.ceiling, over, overFor, starts, len(run.laneErrs))
+	var bl []string
+	for _, b := range rig.baselines {
+		bl = append(bl, fmt.Sprintf("%s: first SET %s after the kill", b.name, after(firstAfter(run.writes[b.name], killed))))
+	}
+	figure(t, "baseline, plain go-redis SET loop on the budget's slot: %s", strings.Join(bl, "; "))
+
+	if promoted.IsZero() {
+		t.Errorf("the replica was not promoted within %v of the crash", size.wait)
+	}
+	switch {
+	case !granted:
+		t.Errorf("no grant within %v of the crash (bar %v)", size.wait, rig.bar)
+	case first > rig.bar:
+		t.Errorf("first grant %v after the crash, bar %v", first.Round(time.Millisecond), rig.bar)
+	}
+	if over > 0 {
+		t.Errorf("the referee saw %d holders above the ceiling of %d", over, size.ceiling)
+	}
+	for _, err := range run.laneErrs {
+		t.Errorf("lane: %v", err)
+	}
+	if granted {
+		// Nothing leaks across the failover: every lease given back or
+		// expired, no waiter left.
+		expectZeroUsage(t, budgets[0], 2*time.Second+3*crashTTL)
+	}
+}
+
+// crashLane acquires, tells the referee, holds for hold (or until the lease
+// is lost), tells the referee, and releases, until ctx ends.
+func crashLane(ctx context.Context, host int, b *budget.Budget, req budget.Request, hold time.Duration, ref *refClient, run *crashRun) error {
+	for ctx.Err() == nil {
+		issued := time.Now()
+		l, err := b.Acquire(ctx, req)
+		if err != nil {
+			return err
+		}
+		run.grant(crashGrant{host: host, issued: issued, at: time.Now()})
+		if err := ref.start("get"); err != nil {
+			l.Release()
+			return err
+		}
+		t := time.NewTimer(hold)
+		select {
+		case <-l.Lost():
+			run.mu.Lock()
+			run.lost++
+			run.mu.Unlock()
+		case <-t.C:
+		}
+		t.Stop()
+		err = ref.end("get")
+		l.Release()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// firstGrantAfter returns how long after t0 the first grant on host (any
+// host when negative) to an Acquire called after t0 came. Counting only
+// calls made after the crash rules out a grant the old master made just
+// before it died whose reply was read just after.
+func firstGrantAfter(gs []crashGrant, host int, t0 time.Time) (time.Duration, bool) {
+	var first time.Duration
+	found := false
+	for _, g := range gs {
+		if (host < 0 || g.host == host) && g.issued.After(t0) && (!found || g.at.Sub(t0) < first) {
+			first, found = g.at.Sub(t0), true
+		}
+	}
+	return first, found
+}
+
+// grantPauses returns the longest time without a grant from the first
+// grant after t0 to end (zero when there was none), and how many grants came
+// inside the quarantine [qs, qe], allowing 20ms at its start for a grant
+// whose script ran just before it and whose reply arrived just after.
+func grantPauses(gs []crashGrant, t0, end, qs, qe time.Time) (time.Duration, int) {
+	ats := make([]time.Time, 0, len(gs))
+	inside := 0
+	for _, g := range gs {
+		if g.at.After(t0) {
+			ats = append(ats, g.at)
+		}
+		if !qs.IsZero() && g.at.After(qs.Add(20*time.Millisecond)) && g.at.Before(qe) {
+			inside++
+		}
+	}
+	slices.SortFunc(ats, func(a, b time.Time) int { return a.Compare(b) })
+	if len(ats) == 0 {
+		return 0, inside
+	}
+	pause, prev := time.Duration(0), ats[0]
+	for _, at := range append(ats[1:], end) {
+		pause = max(pause, at.Sub(prev))
+		prev = at
+	}
+	return pause, inside
+}
+
+// every runs f now and then every d until ctx ends.
+func every(ctx context.Context, d time.Duration, f func()) {
+	tick := time.NewTicker(d)
+	defer tick.Stop()
+	for {
+		f()
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// crashCfgKey is the config key of the budget runMasterCrash uses.
+func crashCfgKey() string { return "rb:{" + hex.EncodeToString([]byte("crash")) + "}:cfg" }
+
+// 18. Redis Cluster, 3 masters x 1 replica, cluster-node-timeout 1s: the
+// master owning the budget's slot is killed with kill -9 under load.
+func TestFault18ClusterMasterKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster with replicas")
+	}
+	schedule(t)
+	size := crashSizeFor()
+	cl := redistest.StartCluster(t, 3, 1,
+		redistest.WithConfig("cluster-node-timeout "+strconv.Itoa(int(crashNodeTimeout/time.Millisecond))))
+	key := crashCfgKey()
+	master := cl.NodeForKey(t, key)
+	rig := crashRig{bar: crashBar, cfgKey: key, master: master, replica: clusterReplicaOf(t, cl, master)}
+	for range size.hosts {
+		rig.hosts = append(rig.hosts, cl.Client(t))
+	}
+	plain, reload := cl.Client(t), cl.Client(t)
+	rig.baselines = []crashBaseline{
+		{name: "ClusterClient as it is", client: plain},
+		{name: "ClusterClient with ReloadState after each network error", client: reload,
+			onNetErr: func(ctx context.Context) { reload.ReloadState(ctx) }},
+	}
+	runMasterCrash(t, rig, size)
+}
+
+// clusterReplicaOf returns the node replicating master.
+func clusterReplicaOf(t *testing.T, cl *redistest.Cluster, master *redistest.Server) *redistest.Server {
+	t.Helper()
+	for _, n := range cl.Nodes() {
+		if n == master {
+			continue
+		}
+		info := n.Client(t).Info(context.Background(), "replication").Val()
+		if strings.Contains(info, "role:slave") && strings.Contains(info, "master_port:"+strconv.Itoa(master.Port())+"\r") {
+			return n
+		}
+	}
+	t.Fatalf("no replica of %s", master.Addr())
+	return nil
+}
+
+// sentinelInfoPeriod is how often a sentinel sends INFO to the replica it
+// promoted while a failover runs (stock Sentinel: once a second). It sees the
+// promotion, and names the new master to clients, only at the next INFO, so
+// stock Sentinel spends up to this long on top of detection and election.
+const sentinelInfoPeriod = time.Second
+
+// 19. Sentinel: a master, one replica and three sentinels (quorum 2,
+// down-after 1s); the master is killed with kill -9 under load, and every
+// host reaches Redis through redis.NewFailoverClient. Twice: with Sentinel's
+// stock polling, whose bar allows the one-second INFO period on top, and
+// with that period set to 100ms (SENTINEL DEBUG info-period), held to the
+// Cluster's bar.
+func TestFault19SentinelMasterKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("sentinels with a replica")
+	}
+	schedule(t)
+	if redistest.SentinelDownAfter != crashNodeTimeout {
+		t.Fatalf("the harness's sentinel down-after is %v, the bar assumes %v", redistest.SentinelDownAfter, crashNodeTimeout)
+	}
+	size := crashSizeFor()
+	for _, tc := range []struct {
+		name  string
+		debug []string // SENTINEL DEBUG parameters and values
+		bar   time.Duration
+	}{
+		{"stock", nil, crashBar + sentinelInfoPeriod},
+		{"info100ms", []string{"info-period", "100"}, crashBar},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sn := redistest.StartSentinel(t, 1)
+			if tc.debug != nil {
+				sn.Debug(t, tc.debug...)
+			}
+			nodes := sn.Nodes()
+			rig := crashRig{bar: tc.bar, cfgKey: crashCfgKey(), master: nodes[0], replica: nodes[1],
+				switched: func() bool { return sn.Master(t) == nodes[1] }}
+			for range size.hosts {
+				rig.hosts = append(rig.hosts, sn.Client(t))
+			}
+			rig.baselines = []crashBaseline{{name: "FailoverClient", client: sn.Client(t)}}
+			runMasterCrash(t, rig, size)
+		})
+	}
+}
