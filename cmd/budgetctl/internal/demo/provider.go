@@ -356,6 +356,7 @@ type ProviderStats struct {
 	PeakPerSecond     int     `json:"peak_per_second"`
 }
 
+// ClassStats is the provider's view of one class of requests.
 type ClassStats struct {
 	Requests     int `json:"requests"`
 	Throttled    int `json:"throttled"`
