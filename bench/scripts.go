@@ -210,7 +210,10 @@ func scriptCosts(ctx context.Context, e *env) error {
 		_, err := b.Usage(ctx)
 		return err
 	}))
+	// What the Budget registered: a store is sent limits without memory,
+	// which is each host's own.
 	limits := b.Limits()
+	limits.MemoryBytes = 0
 	add("register", "register, limits already stored", repeat(n, func(ctx context.Context) error {
 		return s.Register(ctx, limits, false)
 	}))
@@ -224,10 +227,12 @@ func scriptCosts(ctx context.Context, e *env) error {
 	// lib.lua alone: the shared prelude a budget script sent by EVALSHA
 	// runs before its own first line (defining every helper, checking the
 	// common arguments). In the function library it runs once, at load.
-	prelude := redis.NewScript(luascripts.Source("lib") + "\nbegin(KEYS, ARGV)\nreturn 1\n")
+	// The scripts get NCLASS from a line luascripts writes before lib.lua.
+	prelude := redis.NewScript(fmt.Sprintf("local NCLASS = %d\n", budget.NumClasses) + luascripts.Source("lib") +
+		"\nbegin(KEYS, ARGV)\nreturn 1\n")
 	preludeKeys := []string{"rb:{" + fmt.Sprintf("%x", e.name("prelude")) + "}:cfg"}
 	add("prelude", "lib.lua prelude alone, by EVALSHA (a library runs it once, at load)", repeat(n, func(ctx context.Context) error {
-		return prelude.Run(ctx, c, preludeKeys, "PUBLISH", "300000").Err()
+		return prelude.Run(ctx, c, preludeKeys, "PUBLISH", "300000", "").Err() // "": Redis TIME
 	}))
 	// The library's own floor: a function that returns 1, called by FCALL.
 	if err := e.admin.FunctionLoad(ctx, noopLibrary).Err(); err != nil && !strings.Contains(err.Error(), "already exists") {
