@@ -131,8 +131,8 @@ func TestOperatorCommands(t *testing.T) {
 
 	t.Run("inspect", func(t *testing.T) {
 		r := cli(t, f.env, "inspect", f.name)
-		want(t, r, exitOK, `budget "ops {test}"`, "rate 50/s burst 50", "get 1", "head -", "open bodies 2", "memory 1MiB",
-			"1000B held of 1MiB", quotedDomain, "GET", "1/1", "1/2", "leases: 1", `"host-a"`, "request+body+memory",
+		want(t, r, exitOK, `budget "ops {test}"`, "rate 50/s burst 50", "get 1", "head -", "open bodies 2",
+			quotedDomain, "GET", "1/1", "1/2", "leases: 1", `"host-a"`, "request+body",
 			"waiters: 1", `"host-b"`)
 		if strings.Contains(r.stdout, "acct:42\nx") {
 			t.Errorf("inspect printed the domain ID unquoted:\n%s", r)
@@ -140,7 +140,7 @@ func TestOperatorCommands(t *testing.T) {
 		in := f.inspect(t)
 		if in.Name != f.name || len(in.Domains) != 1 || in.Domains[0].Domain != f.domain || in.Domains[0].InFlight[budget.OpGet] != 1 ||
 			len(in.Leases) != 1 || in.Leases[0].Consumer != "host-a" || in.Leases[0].ExpiresIn <= 0 ||
-			len(in.Waiters) != 1 || in.Waiters[0].Consumer != "host-b" || in.MemoryHeld != 1000 {
+			len(in.Waiters) != 1 || in.Waiters[0].Consumer != "host-b" {
 			t.Errorf("inspect --json = %+v", in)
 		}
 	})
@@ -167,13 +167,14 @@ func TestOperatorCommands(t *testing.T) {
 
 	t.Run("limits", func(t *testing.T) {
 		want(t, cli(t, f.env, "limits", f.name), exitOK, "limits of budget", "as --set: rps=50,burst=50,list=0,head=0,get=1")
-		r := cli(t, f.env, "limits", f.name, "--set", "get=3,memory=2MiB", "--set", "head=5", "--json")
+		want(t, cli(t, f.env, "limits", f.name, "--set", "get=3,memory=2MiB"), exitUsage, "memory is each host's own")
+		r := cli(t, f.env, "limits", f.name, "--set", "get=3", "--set", "head=5", "--json")
 		want(t, r, exitOK)
 		var l budget.Limits
 		if err := json.Unmarshal([]byte(r.stdout), &l); err != nil {
 			t.Fatal(err, r)
 		}
-		wantL := budget.Limits{RequestsPerSecond: 50, Burst: 50, OpenBodies: 2, MemoryBytes: 2 << 20,
+		wantL := budget.Limits{RequestsPerSecond: 50, Burst: 50, OpenBodies: 2,
 			InFlight: map[budget.OpClass]int{budget.OpGet: 3, budget.OpHead: 5}}
 		if in := f.inspect(t); !in.Limits.Equal(wantL) || !l.Equal(wantL) {
 			t.Errorf("after limits --set: printed %+v, stored %+v, want %+v", l, in.Limits, wantL)

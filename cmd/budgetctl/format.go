@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/runbudget/runbudget/budget"
-	"github.com/runbudget/runbudget/cmd/budgetctl/internal/clitext"
 )
 
 // formatDuration rounds for reading: milliseconds below a second, tenths of
@@ -35,7 +34,8 @@ func formatDuration(d time.Duration) string {
 	return s
 }
 
-// limitsSetString prints limits in --set syntax, ready to paste back.
+// limitsSetString prints the limits kept in Redis (all but memory) in --set
+// syntax, ready to paste back.
 func limitsSetString(l budget.Limits) string {
 	parts := []string{
 		"rps=" + strconv.FormatFloat(l.RequestsPerSecond, 'f', -1, 64),
@@ -44,7 +44,7 @@ func limitsSetString(l budget.Limits) string {
 	for _, c := range budget.Classes() {
 		parts = append(parts, string(c)+"="+strconv.Itoa(l.InFlight[c]))
 	}
-	parts = append(parts, "bodies="+strconv.Itoa(l.OpenBodies), "memory="+clitext.ExactBytes(l.MemoryBytes))
+	parts = append(parts, "bodies="+strconv.Itoa(l.OpenBodies))
 	return strings.Join(parts, ",")
 }
 

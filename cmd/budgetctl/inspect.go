@@ -21,9 +21,10 @@ const inspectLong = `For each domain it shows requests in flight per class again
 ceilings ("-" is unbounded), open bodies, the rate bucket's tokens against
 its burst, the rate factor (1 when the provider has not throttled; lower
 while the budget backs off), how long new starts stay paused by a
-provider's retry-after, and the waiters queued. Then memory held, and every
-lease (consumer, class, parts still held, age, time until it expires unless
-renewed) and waiter. Domain IDs, budget names and consumers print quoted.`
+provider's retry-after, and the waiters queued. Then every lease (consumer,
+class, parts still held, age, time until it expires unless renewed) and
+waiter. Domain IDs, budget names and consumers print quoted. Memory is not
+shown: each host bounds its own, and Redis holds none of it.`
 
 func (a *app) inspectCommand() *cobra.Command {
 	var most int
@@ -145,12 +146,8 @@ func renderInspection(w io.Writer, in redisstore.Inspection) {
 	if !in.Created.IsZero() {
 		fmt.Fprintf(w, "; limits stored %s ago", formatDuration(in.Now.Sub(in.Created)))
 	}
-	fmt.Fprintf(w, "\nlimits:  %s\n", clitext.Limits(in.Limits))
-	fmt.Fprintf(w, "memory:  %s held", clitext.Bytes(in.MemoryHeld))
-	if in.Limits.MemoryBytes > 0 {
-		fmt.Fprintf(w, " of %s", clitext.Bytes(in.Limits.MemoryBytes))
-	}
-	fmt.Fprintln(w)
+	// Memory is each host's own: Redis holds no memory limit or use.
+	fmt.Fprintf(w, "\nlimits:  %s\n", clitext.SharedLimits(in.Limits))
 
 	fmt.Fprintln(w)
 	if len(in.Domains) == 0 {
@@ -184,33 +181,26 @@ func renderInspection(w io.Writer, in redisstore.Inspection) {
 	fmt.Fprintf(w, "\nleases: %d\n", len(in.Leases))
 	if len(in.Leases) > 0 {
 		tw := clitext.Table(w)
-		fmt.Fprintln(tw, "CONSUMER\tCLASS\tHELD\tDOMAINS\tMEMORY\tAGE\tEXPIRES IN\tID")
+		fmt.Fprintln(tw, "CONSUMER\tCLASS\tHELD\tDOMAINS\tAGE\tEXPIRES IN\tID")
 		for _, l := range in.Leases {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", clitext.Quote(l.Consumer), l.Class, l.Parts, formatDomains(l.Domains),
-				memory(l.Memory), formatDuration(l.Age), formatDuration(l.ExpiresIn), clitext.Quote(l.ID))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", clitext.Quote(l.Consumer), l.Class, l.Parts, formatDomains(l.Domains),
+				formatDuration(l.Age), formatDuration(l.ExpiresIn), clitext.Quote(l.ID))
 		}
 		tw.Flush()
 	}
 	fmt.Fprintf(w, "\nwaiters: %d\n", len(in.Waiters))
 	if len(in.Waiters) > 0 {
 		tw := clitext.Table(w)
-		fmt.Fprintln(tw, "CONSUMER\tCLASS\tDOMAINS\tMEMORY\tWAITING\tEXPIRES IN\tID")
+		fmt.Fprintln(tw, "CONSUMER\tCLASS\tDOMAINS\tWAITING\tEXPIRES IN\tID")
 		for _, wt := range in.Waiters {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", clitext.Quote(wt.Consumer), wt.Class, formatDomains(wt.Domains),
-				memory(wt.Memory), formatDuration(wt.Waiting), formatDuration(wt.ExpiresIn), clitext.Quote(wt.ID))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", clitext.Quote(wt.Consumer), wt.Class, formatDomains(wt.Domains),
+				formatDuration(wt.Waiting), formatDuration(wt.ExpiresIn), clitext.Quote(wt.ID))
 		}
 		tw.Flush()
 	}
 	if in.Truncated {
 		fmt.Fprintln(w, "\n(more leases or waiters than shown; raise --max)")
 	}
-}
-
-func memory(n int64) string {
-	if n == 0 {
-		return "-"
-	}
-	return clitext.Bytes(n)
 }
 
 func upper(s string) string {

@@ -149,7 +149,7 @@ func TestHelpAndUsageErrors(t *testing.T) {
 	}{
 		{nil, exitOK, []string{"Exit codes", "Operator commands", "demo"}},
 		{[]string{"--help"}, exitOK, []string{"REDIS_URL", "never printed"}},
-		{[]string{"limits", "--help"}, exitOK, []string{"copy_source_read=N", "memory=SIZE"}},
+		{[]string{"limits", "--help"}, exitOK, []string{"copy_source_read=N", "bodies=N", "each host\nbounds its own"}},
 		{[]string{"nosuch"}, exitUsage, []string{"unknown command", "--help"}},
 		{[]string{"list", "--nosuch"}, exitUsage, []string{"unknown flag"}},
 		{[]string{"inspect"}, exitUsage, []string{"inspect takes 1 argument"}},

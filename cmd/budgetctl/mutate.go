@@ -137,11 +137,12 @@ Keys (several per --set, comma separated, or several --set flags):
   list=N head=N get=N copy_source_read=N put=N delete=N
                        requests in flight per class per domain
   bodies=N             open response bodies per domain
-  memory=SIZE          buffer memory for the whole run: 65536, 64KiB, 16MiB, 1GB
 A value of 0 (or -) makes that dimension unbounded. Setting rps without
-burst resets burst to its default.
+burst resets burst to its default. Memory is not among them: each host
+bounds its own buffers (Limits.MemoryBytes of its Budget), and Redis
+stores no memory limit.
 
-Example: budgetctl limits demo --set rps=100,burst=10,get=8,list=4,head=0,copy_source_read=2,bodies=16,memory=64MiB`,
+Example: budgetctl limits demo --set rps=100,burst=10,get=8,list=4,head=0,copy_source_read=2,bodies=16`,
 		Args: exactArgs("NAME"),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
 			// Parse before connecting, so a typo is a usage error even when
@@ -177,7 +178,7 @@ Example: budgetctl limits demo --set rps=100,burst=10,get=8,list=4,head=0,copy_s
 			if len(sets) > 0 {
 				verb = "new limits of"
 			}
-			_, err = fmt.Fprintf(a.stdout, "%s budget %s: %s\n  as --set: %s\n", verb, clitext.Quote(args[0]), clitext.Limits(l), limitsSetString(l))
+			_, err = fmt.Fprintf(a.stdout, "%s budget %s: %s\n  as --set: %s\n", verb, clitext.Quote(args[0]), clitext.SharedLimits(l), limitsSetString(l))
 			return err
 		}),
 	}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
-	"github.com/runbudget/runbudget/cmd/budgetctl/internal/clitext"
 )
 
 // parseRedisURL parses a Redis URL without ever putting the URL, or any
@@ -118,7 +117,7 @@ var limitKeys = func() []string {
 	for _, c := range budget.Classes() {
 		keys = append(keys, string(c))
 	}
-	return append(keys, "bodies", "memory")
+	return append(keys, "bodies")
 }()
 
 // applyLimitSet applies "key=value" assignments (each argument may hold
@@ -126,9 +125,11 @@ var limitKeys = func() []string {
 // one dimension; 0 (or "-") makes it unbounded. Setting rps without burst
 // resets burst to its default (one second of the new rate), since a burst
 // sized for the old rate is rarely what an operator means. Errors name the
-// key; unknown keys are errors.
+// key; unknown keys are errors, and so is memory. The result has no memory
+// limit, even when l (stored by an older build) had one: Redis keeps none.
 func applyLimitSet(l budget.Limits, sets []string) (budget.Limits, error) {
 	out := l
+	out.MemoryBytes = 0
 	out.InFlight = make(map[budget.OpClass]int, len(l.InFlight))
 	for c, n := range l.InFlight {
 		out.InFlight[c] = n
@@ -159,11 +160,9 @@ func applyLimitSet(l budget.Limits, sets []string) (budget.Limits, error) {
 				}
 				out.RequestsPerSecond, rpsSet = f, true
 			case "memory":
-				n, err := clitext.ParseBytes(val)
-				if err != nil {
-					return budget.Limits{}, bad(err.Error())
-				}
-				out.MemoryBytes = n
+				// Storing it would make every host that joins conflict with
+				// the stored limits: hosts send theirs without memory.
+				return budget.Limits{}, usageError("--set: memory is each host's own (Limits.MemoryBytes of its Budget), not a limit kept in Redis")
 			case "burst", "bodies":
 				n, err := strconv.Atoi(val)
 				if err != nil || n < 0 {

@@ -102,16 +102,18 @@ func TestApplyLimitSet(t *testing.T) {
 		want    budget.Limits
 		wantErr string
 	}{
-		{sets: nil, want: base},
-		{sets: []string{"rps=100,burst=10,get=8,list=4,head=0,copy_source_read=2,bodies=16,memory=64MiB"},
-			want: budget.Limits{RequestsPerSecond: 100, Burst: 10, OpenBodies: 16, MemoryBytes: 64 << 20,
+		// Memory, which Redis keeps none of, is dropped.
+		{sets: nil, want: budget.Limits{RequestsPerSecond: 50, Burst: 50, OpenBodies: 8,
+			InFlight: map[budget.OpClass]int{budget.OpGet: 4, budget.OpList: 2}}},
+		{sets: []string{"rps=100,burst=10,get=8,list=4,head=0,copy_source_read=2,bodies=16"},
+			want: budget.Limits{RequestsPerSecond: 100, Burst: 10, OpenBodies: 16,
 				InFlight: map[budget.OpClass]int{budget.OpGet: 8, budget.OpList: 4, budget.OpCopySourceRead: 2}}},
 		// rps alone resets burst to its default; other keys are kept.
-		{sets: []string{"rps=20"}, want: budget.Limits{RequestsPerSecond: 20, Burst: 0, OpenBodies: 8, MemoryBytes: 1 << 20,
+		{sets: []string{"rps=20"}, want: budget.Limits{RequestsPerSecond: 20, Burst: 0, OpenBodies: 8,
 			InFlight: map[budget.OpClass]int{budget.OpGet: 4, budget.OpList: 2}}},
 		// Several flags, spaces, upper case keys, "-" for unbounded.
-		{sets: []string{"get=-", " LIST = 0 ", "memory=0"}, want: budget.Limits{RequestsPerSecond: 50, Burst: 50, OpenBodies: 8}},
-		{sets: []string{"burst=5"}, want: budget.Limits{RequestsPerSecond: 50, Burst: 5, OpenBodies: 8, MemoryBytes: 1 << 20,
+		{sets: []string{"get=-", " LIST = 0 "}, want: budget.Limits{RequestsPerSecond: 50, Burst: 50, OpenBodies: 8}},
+		{sets: []string{"burst=5"}, want: budget.Limits{RequestsPerSecond: 50, Burst: 5, OpenBodies: 8,
 			InFlight: map[budget.OpClass]int{budget.OpGet: 4, budget.OpList: 2}}},
 		{sets: []string{"gets=1"}, wantErr: `unknown key "gets"`},
 		{sets: []string{"rps"}, wantErr: `"rps" is not key=value`},
@@ -120,7 +122,9 @@ func TestApplyLimitSet(t *testing.T) {
 		{sets: []string{"rps=NaN"}, wantErr: "rps="},
 		{sets: []string{"get=1.5"}, wantErr: `get="1.5"`},
 		{sets: []string{"bodies=-2"}, wantErr: "bodies="},
-		{sets: []string{"memory=lots"}, wantErr: `memory="lots"`},
+		// Memory is each host's: storing it would refuse every host that joins.
+		{sets: []string{"memory=64MiB"}, wantErr: "memory is each host's own"},
+		{sets: []string{"get=2,memory=0"}, wantErr: "memory is each host's own"},
 	} {
 		got, err := applyLimitSet(base, tc.sets)
 		if tc.wantErr != "" {

@@ -79,8 +79,19 @@ func Ceiling(n int) string {
 	return strconv.Itoa(n)
 }
 
-// Limits prints limits on one line; "-" marks an unbounded dimension.
+// Limits prints a host's limits on one line; "-" marks an unbounded
+// dimension.
 func Limits(l budget.Limits) string {
+	mem := "-"
+	if l.MemoryBytes > 0 {
+		mem = Bytes(l.MemoryBytes)
+	}
+	return SharedLimits(l) + ";  memory " + mem
+}
+
+// SharedLimits prints the limits every host of a run shares, the ones a
+// budget keeps in Redis: all but memory, which is each host's own.
+func SharedLimits(l budget.Limits) string {
 	var b strings.Builder
 	if l.RequestsPerSecond > 0 {
 		fmt.Fprintf(&b, "rate %s/s burst %d", strconv.FormatFloat(l.RequestsPerSecond, 'f', -1, 64), l.Burst)
@@ -91,12 +102,7 @@ func Limits(l budget.Limits) string {
 	for _, c := range budget.Classes() {
 		fmt.Fprintf(&b, " %s %s", c, Ceiling(l.InFlight[c]))
 	}
-	fmt.Fprintf(&b, ";  open bodies %s;  memory ", Ceiling(l.OpenBodies))
-	if l.MemoryBytes > 0 {
-		b.WriteString(Bytes(l.MemoryBytes))
-	} else {
-		b.WriteString("-")
-	}
+	fmt.Fprintf(&b, ";  open bodies %s", Ceiling(l.OpenBodies))
 	return b.String()
 }
 

@@ -36,7 +36,7 @@ func (l *LimitFlags) Register(f *pflag.FlagSet) {
 	f.IntVar(&l.get, "get", 8, "budget: get requests in flight (0: unbounded)")
 	f.IntVar(&l.copy, "copy-source-read", 0, "budget: copy_source_read requests in flight (unused by the demo; 0: unbounded)")
 	f.IntVar(&l.bodies, "bodies", 12, "budget: open response bodies (0: unbounded)")
-	f.Var(&l.memory, "memory", "budget: buffer memory for the whole run (0: unbounded)")
+	f.Var(&l.memory, "memory", "budget: buffer memory each host may hold (0: unbounded)")
 }
 
 // Limits returns the budget.Limits the flags describe, normalized. With a
