@@ -163,6 +163,7 @@ func (s *Store) run(ctx context.Context, op string, sc *redis.Script, args ...an
 		res, err = sc.Run(ctx, s.client, s.keys, args...).StringSlice()
 	}
 	if err != nil {
+		reloadSlots(ctx, s.client, err)
 		return nil, s.classify(ctx, op, err)
 	}
 	return res, nil
