@@ -1,4 +1,4 @@
-//go:build !faults
+//go:build linux && !faults
 
 package test
 

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package test holds integration tests that run real redis-server processes
 // and several OS processes (this test binary, re-executed as worker hosts)
 // sharing one budget, checked by a referee outside the budget.
