@@ -22,7 +22,7 @@ const SentinelMaster = "redistest"
 // and up to a second more: while a failover runs, a sentinel sends INFO to
 // the replica it promoted once a second (fixed in Redis), and it names the
 // new master only once an INFO reply shows the promotion. On Redis 7.0 on
-// loopback that came to 1.4-2.4s from kill -9 of the master to the switch.
+// loopback that came to 2.2-2.3s from kill -9 of the master to the switch.
 const SentinelDownAfter = time.Second
 
 // sentinelCount is how many sentinels StartSentinel runs: three, so that
