@@ -1,3 +1,5 @@
+//go:build linux
+
 package test
 
 import (
@@ -410,9 +412,9 @@ func firstGrantAfter(gs []crashGrant, host int, t0 time.Time) (time.Duration, bo
 
 // grantPauses returns the longest time without a grant from the first
 // grant after t0 (see firstGrantAfter) to end, zero when there was none;
-// and how many grants
-// returned inside the quarantine [qs, qe] later than crashTTL/3 + 20ms into
-// it, and how long after qs the last of them returned. The allowance is for
+// how many grants returned inside the quarantine [qs, qe] later than
+// crashTTL/3 + 20ms into it; and how long after qs the last of them
+// returned. The allowance is for
 // grants made just before the quarantine: a waiter granted by another's
 // release learns it from a wake message or, when that is lost (the wake
 // subscription reconnects after a failover), from its own liveness call
