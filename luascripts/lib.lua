@@ -238,6 +238,12 @@ local function lims()
   return LIM or nil
 end
 
+-- forget_limits drops what this call read under the limits (the limits
+-- and the domains loaded under them), after it has stored new ones.
+local function forget_limits()
+  LIM, DC = nil, {}
+end
+
 -- A domain's fields. CORE is read on every load; EXTRA (the throttle's
 -- memory and the measured start rate) only where it can matter: on a
 -- throttled domain, or one without a rate ceiling.
@@ -575,7 +581,10 @@ local function grant(req, doms, lim, now)
     -- The measured start rate only serves a throttle on a domain with no
     -- rate ceiling (see budget/throttle.go).
     if lim.rps == 0 then
-      if d.fs == 0 then d.fs = now end
+      -- A start history idle for START_MEMORY is forgotten: the
+      -- measurement starts again, bias correction and all, as on a fresh
+      -- domain (memStore deletes such a domain when it sweeps).
+      if d.fs == 0 or now - d.sa >= START_MEMORY then d.fs, d.ss = now, 0 end
       d.ss = decay(d.ss, (now - d.sa) / 1000000) + 1 / TAU
       d.sa = now
     end

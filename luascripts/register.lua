@@ -15,7 +15,8 @@
 -- ARGV[12] 1 to start a new epoch even though the config exists (Redis
 --          restarted from a persistence file that may miss recent writes)
 -- ARGV[13..12+NCLASS] in-flight ceilings by class index
--- Replacing limits tries the head of every queue again under them (a handoff).
+-- Replacing limits first brings every bucket up to now under the old ones,
+-- then tries the head of every queue again under the new (a handoff).
 -- Returns:
 --   {R_OK, epoch}               registered (or identical limits already stored)
 --   {R_CONFLICT, stored_json}   different limits are stored and replace is 0
@@ -42,7 +43,25 @@ if stored and stored ~= json and replace == 0 then
   touch_cfg(now)
   return {R_CONFLICT, stored}
 end
+local replacing = stored and stored ~= json
+if replacing and lims() then
+  -- Tokens earned so far were earned at the old rate: bring every bucket
+  -- up to now under the limits being replaced, as a throttle does before
+  -- it changes a domain's rate (memStore.Register does the same). Work in
+  -- the number of domains, on a rare call.
+  local old = lims()
+  for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
+    if redis.call('EXISTS', P .. 'd:' .. enc) == 1 then
+      local d = dload(enc)
+      settle(d, now, old)
+      local r, size = rate(d, now, old)
+      if r > 0 then refill(d, now, r, size) end
+      dsave(d, now, old)
+    end
+  end
+end
 redis.call('HSET', CFG, unpack(fields))
+forget_limits()
 if stored and (renew == 1 or restarted()) then
   -- Same data, but some of it may be older than the holders' view: a new
   -- epoch makes every host re-assert, under quarantine.
@@ -58,7 +77,7 @@ redis.call('HSETNX', CFG, 'seq', 0)
 redis.call('HSETNX', CFG, 'memheld', 0)
 touch_cfg(now)
 reclaim(now)
-if stored and stored ~= json then
+if replacing then
   -- New ceilings may let waiters move: every queue's head is a candidate,
   -- oldest first (by ticket, as memStore.Register tries them; the order
   -- decides who gets capacity two heads both want), then the first of the

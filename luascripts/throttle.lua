@@ -30,7 +30,8 @@ local window_end = math.max(d.da + WINDOW, d.pu)
 if d.th ~= 1 or now >= window_end then
   if d.th ~= 1 and lim.rps == 0 then
     d.bs = MIN_BASE
-    if d.fs ~= 0 then d.bs = math.max(MIN_BASE, measured(d, now)) end
+    -- No start within START_MEMORY: no history to measure (see grant).
+    if d.fs ~= 0 and now - d.sa < START_MEMORY then d.bs = math.max(MIN_BASE, measured(d, now)) end
   end
   d.wm = factor(d, now)
   d.da = now
