@@ -528,20 +528,34 @@ func (d *differ) drain() {
 }
 
 // throttle reports a provider throttle on a domain, with or without a
-// retry-after (whole microseconds: the scripts' unit).
+// retry-after, and half the time more reports on it spread over the next
+// second or two, as when many consumers hit one throttle: the coalescing
+// window decides which count as new decreases.
 func (d *differ) throttle() {
 	if awaitingMemStore && d.limits.RequestsPerSecond == 0 {
 		d.advance()
 		return
 	}
 	dom := d.pool[d.rng.IntN(len(d.pool))]
+	d.report(dom)
+	if d.rng.IntN(2) == 0 {
+		for n := 1 + d.rng.IntN(3); n > 0; n-- {
+			d.advanceBy(time.Duration(50_000+d.rng.Int64N(650_000)) * time.Microsecond)
+			d.report(dom)
+		}
+	}
+}
+
+// report is one throttle report on dom, with a retry-after half the time
+// (whole microseconds: the scripts' unit).
+func (d *differ) report(dom budget.Domain) {
 	var pause time.Duration
 	if d.rng.IntN(2) == 0 {
 		pause = time.Duration(1+d.rng.Int64N(3_000_000)) * time.Microsecond
 	}
 	fm, em := d.mem.Throttle(d.ctx(), dom, pause)
 	fr, er := d.red.Throttle(d.ctx(), dom, pause)
-	d.step("throttle %s retry-after %v -> in-process %s %.6f, redis %s %.6f", dom, pause, errKind(em), fm, errKind(er), fr)
+	d.steps = append(d.steps, fmt.Sprintf("throttle %s retry-after %v -> in-process %s %.6f, redis %s %.6f", dom, pause, errKind(em), fm, errKind(er), fr))
 	d.seen[fmt.Sprintf("throttle pause=%v", pause > 0)]++
 	switch {
 	case errKind(em) != errKind(er):
@@ -549,6 +563,7 @@ func (d *differ) throttle() {
 	case math.Abs(fm-fr) > 1e-9:
 		d.fail("Throttle factors: in-process %v, redis %v", fm, fr)
 	}
+	d.compareUsage()
 }
 
 // advance lets time pass: a little, a lot, past throttle recovery (4s) and
