@@ -1,6 +1,7 @@
 package budget
 
 import (
+	"cmp"
 	"container/list"
 	"context"
 	"fmt"
@@ -126,9 +127,38 @@ func (s *memStore) Register(_ context.Context, limits Limits, replace bool) erro
 	if s.registered && !replace && !s.limits.Equal(limits) {
 		return fmt.Errorf("%w", ErrLimitsConflict)
 	}
+	changed := s.registered && !s.limits.Equal(limits)
+	now := s.now()
+	if changed {
+		// Buckets come up to now at the old rate before it changes, as in
+		// register.lua.
+		for _, ds := range s.domains {
+			s.settle(ds, now)
+			if rate, burst := s.rate(ds, now); rate > 0 {
+				s.refill(ds, now, rate, burst)
+			}
+		}
+	}
 	s.registered = true
 	s.limits = limits
 	s.caps = limits.inFlightCaps()
+	if changed {
+		// New ceilings may let waiters move: try every queue's head, oldest
+		// first, then the first of the memory line.
+		var heads []*waiter
+		for _, ds := range s.domains {
+			if f := ds.queue.Front(); f != nil {
+				heads = append(heads, f.Value.(*waiter))
+			}
+		}
+		slices.SortFunc(heads, func(a, b *waiter) int { return cmp.Compare(a.ticket, b.ticket) })
+		heads = slices.Compact(heads)
+		s.cands = append(s.cands, heads...)
+		if len(s.memQ) > 0 {
+			s.cands = append(s.cands, s.memQ[0])
+		}
+		s.flush(now)
+	}
 	return nil
 }
 
@@ -269,8 +299,10 @@ func (s *memStore) grant(id string, l *memLease, doms []*domainState, req Reques
 		// The measured start rate only serves a throttle on a domain with no
 		// rate ceiling; with one, the exp on every grant is wasted work.
 		if s.limits.RequestsPerSecond == 0 {
-			if ds.firstStart.IsZero() {
-				ds.firstStart = now
+			// A start history idle for startRateMemory is forgotten, as
+			// in lib.lua: the next start begins a new one.
+			if ds.firstStart.IsZero() || now.Sub(ds.startAt) >= startRateMemory {
+				ds.firstStart, ds.startSum = now, 0
 			}
 			ds.startSum = decayRate(ds.startSum, now.Sub(ds.startAt).Seconds()) + 1/startRateTau.Seconds()
 			ds.startAt = now
@@ -453,7 +485,7 @@ func (s *memStore) Throttle(_ context.Context, d Domain, retryAfter time.Duratio
 		// A new congestion event: one multiplicative decrease.
 		if !ds.throttled && s.limits.RequestsPerSecond == 0 {
 			ds.base = minBaseRate
-			if !ds.firstStart.IsZero() {
+			if !ds.firstStart.IsZero() && now.Sub(ds.startAt) < startRateMemory {
 				ds.base = max(minBaseRate, measuredRate(ds.startSum, now.Sub(ds.startAt).Seconds(), now.Sub(ds.firstStart).Seconds()))
 			}
 		}

@@ -290,20 +290,6 @@ func (d *differ) register(l budget.Limits, replace bool) {
 	d.compareUsage()
 }
 
-// awaitingMemStore leaves out the two cases where the in-process store
-// does not yet do what the scripts do; both fixes belong in
-// budget/memstore.go, and with them this constant goes:
-//   - Replacing limits. register.lua brings every bucket up to now under the
-//     old limits, then tries every queue's head under the new ones, oldest
-//     first (a handoff); memStore.Register only swaps the limits, so its
-//     buckets are credited at the new rate back to their last refill, and
-//     its waiters stay queued until something else moves them.
-//   - A throttle on a domain without a rate ceiling, whose base is its
-//     measured start rate. lib.lua forgets a start history idle for
-//     startRateMemory (10s) at the next start; memStore forgets it only if
-//     its sweep happened to delete the domain meanwhile.
-const awaitingMemStore = true
-
 // reregister registers the same limits again, other limits without
 // replace (a conflict), or other limits with replace.
 func (d *differ) reregister() {
@@ -313,10 +299,6 @@ func (d *differ) reregister() {
 	case 1:
 		d.register(d.randomLimits(), false)
 	default:
-		if awaitingMemStore {
-			d.register(d.limits, true)
-			return
-		}
 		d.register(d.randomLimits(), true)
 	}
 }
@@ -532,10 +514,6 @@ func (d *differ) drain() {
 // second or two, as when many consumers hit one throttle: the coalescing
 // window decides which count as new decreases.
 func (d *differ) throttle() {
-	if awaitingMemStore && d.limits.RequestsPerSecond == 0 {
-		d.advance()
-		return
-	}
 	dom := d.pool[d.rng.IntN(len(d.pool))]
 	d.report(dom)
 	if d.rng.IntN(2) == 0 {
