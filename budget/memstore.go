@@ -31,20 +31,14 @@ type memStore struct {
 	last    *domainState
 	waiters map[string]*waiter
 	leases  map[string]*memLease
-	memHeld int64
-	// memQ holds, oldest first, the waiters that head all their queues but
-	// wait for memory. Memory is one run-global pool, so it is handed out by
-	// arrival too: a younger request may not take memory an older blocked one
-	// is waiting for, or a stream of small buffers would starve a large one.
-	memQ []*waiter
 	// draining holds domains whose only state left is a refilling bucket;
 	// they are deleted once full, so a deleted domain never comes back with
 	// more tokens than it had.
 	draining map[*domainState]struct{}
 	ops      uint // calls, to sweep only every sweepEvery of them
 	// cands are waiters that may be able to move after the current call's
-	// changes (new heads, heads where something came free, the first of the
-	// memory line); flush grants them on the spot (a handoff) or wakes them.
+	// changes (new heads, heads where something came free); flush grants
+	// them on the spot (a handoff) or wakes them.
 	cands []*waiter
 }
 
@@ -91,7 +85,6 @@ type waiter struct {
 	elems  []*list.Element  // this waiter's element in each domain queue
 	one    [1]*list.Element // elems of a single-domain waiter, without an allocation
 	wake   chan struct{}
-	inMemQ bool
 	// granted is set, before the wake, when another call's handoff granted
 	// this waiter: its Acquire can return without calling again.
 	granted atomic.Bool
@@ -102,7 +95,6 @@ type memLease struct {
 	doms  []*domainState
 	one   [1]*domainState // doms for a single-domain request, without a second allocation
 	class int
-	mem   int64
 	held  lease.Parts
 }
 
@@ -144,7 +136,7 @@ func (s *memStore) Register(_ context.Context, limits Limits, replace bool) erro
 	s.caps = limits.inFlightCaps()
 	if changed {
 		// New ceilings may let waiters move: try every queue's head, oldest
-		// first, then the first of the memory line.
+		// first.
 		var heads []*waiter
 		for _, ds := range s.domains {
 			if f := ds.queue.Front(); f != nil {
@@ -154,9 +146,6 @@ func (s *memStore) Register(_ context.Context, limits Limits, replace bool) erro
 		slices.SortFunc(heads, func(a, b *waiter) int { return cmp.Compare(a.ticket, b.ticket) })
 		heads = slices.Compact(heads)
 		s.cands = append(s.cands, heads...)
-		if len(s.memQ) > 0 {
-			s.cands = append(s.cands, s.memQ[0])
-		}
 		s.flush(now)
 	}
 	return nil
@@ -174,14 +163,6 @@ func (s *memStore) TryAcquire(_ context.Context, id string, req Request) (Attemp
 	if l, ok := s.leases[id]; ok {
 		// A repeated call, or a handoff made by another call.
 		return Attempt{Outcome: Granted, GrantedAgo: max(0, s.now().Sub(l.at))}, nil
-	}
-	if s.limits.MemoryBytes > 0 && req.MemoryBytes > s.limits.MemoryBytes {
-		if w := s.waiters[id]; w != nil {
-			s.removeWaiter(w)
-			s.flush(s.now())
-		}
-		return Attempt{}, fmt.Errorf("%w: %d bytes of memory asked, the run's ceiling is %d",
-			ErrNeverAdmissible, req.MemoryBytes, s.limits.MemoryBytes)
 	}
 	now := s.now()
 	if s.ops++; s.ops%sweepEvery == 0 {
@@ -202,7 +183,7 @@ func (s *memStore) TryAcquire(_ context.Context, id string, req Request) (Attemp
 		}
 		// Nobody ahead anywhere: admit without queueing if everything fits.
 		if empty {
-			if slot, mem, wait := s.check(doms, req, now, ^uint64(0)); !slot && !mem && wait == 0 {
+			if slot, wait := s.check(doms, req, now); !slot && wait == 0 {
 				s.grant(id, l, doms, req, now)
 				return Attempt{Outcome: Granted}, nil
 			}
@@ -225,23 +206,16 @@ func (s *memStore) TryAcquire(_ context.Context, id string, req Request) (Attemp
 }
 
 // attempt decides for a queued waiter, on its own call or on another call's
-// behalf (flush): the one admission decision of this store. It keeps the
-// memory line to the waiters that head their queues and lack memory. Lock
-// held.
+// behalf (flush): the one admission decision of this store. Lock held.
 func (s *memStore) attempt(w *waiter, now time.Time) Attempt {
 	for i, ds := range w.doms {
 		if ds.queue.Front() != w.elems[i] {
 			return Attempt{Outcome: Queued, Wake: w.wake, Handoff: &w.granted}
 		}
 	}
-	slot, mem, wait := s.check(w.doms, w.req, now, w.ticket)
-	if mem {
-		s.memQAdd(w)
-	} else {
-		s.memQRemove(w)
-	}
+	slot, wait := s.check(w.doms, w.req, now)
 	switch {
-	case slot || mem:
+	case slot:
 		return Attempt{Outcome: Queued, Wake: w.wake, Handoff: &w.granted}
 	case wait > 0:
 		return Attempt{Outcome: Delayed, Wait: wait, Wake: w.wake, Handoff: &w.granted}
@@ -252,10 +226,11 @@ func (s *memStore) attempt(w *waiter, now time.Time) Attempt {
 }
 
 // check reports, without changing any count, whether req could start now:
-// slot is set when an in-flight or body ceiling is full on some domain, mem
-// when memory is short (or promised to an older waiter), and wait is how long
-// the rate or a pause holds it back. Refilling buckets is its only write.
-func (s *memStore) check(doms []*domainState, req Request, now time.Time, ticket uint64) (slot, mem bool, wait time.Duration) {
+// slot is set when an in-flight or body ceiling is full on some domain, and
+// wait is how long the rate or a pause holds it back. Refilling buckets is
+// its only write. Memory is not the store's: the Budget reserved it before
+// asking.
+func (s *memStore) check(doms []*domainState, req Request, now time.Time) (slot bool, wait time.Duration) {
 	class := req.Class.Index()
 	for _, ds := range doms {
 		s.settle(ds, now)
@@ -275,17 +250,10 @@ func (s *memStore) check(doms []*domainState, req Request, now time.Time, ticket
 			}
 		}
 	}
-	if req.MemoryBytes > 0 && s.limits.MemoryBytes > 0 {
-		if s.memHeld+req.MemoryBytes > s.limits.MemoryBytes ||
-			(len(s.memQ) > 0 && s.memQ[0].ticket < ticket) {
-			mem = true
-		}
-	}
-	return slot, mem, wait
+	return slot, wait
 }
 
-// grant charges req to every domain and the memory pool, and records the
-// lease. Lock held; check has just refilled the buckets at now.
+// grant charges req to every domain and records the lease. Lock held; check has just refilled the buckets at now.
 func (s *memStore) grant(id string, l *memLease, doms []*domainState, req Request, now time.Time) {
 	class := req.Class.Index()
 	for _, ds := range doms {
@@ -308,8 +276,7 @@ func (s *memStore) grant(id string, l *memLease, doms []*domainState, req Reques
 			ds.startAt = now
 		}
 	}
-	s.memHeld += req.MemoryBytes
-	l.at, l.doms, l.class, l.mem, l.held = now, doms, class, req.MemoryBytes, req.Parts()
+	l.at, l.doms, l.class, l.held = now, doms, class, req.Parts()&^lease.Memory
 	s.leases[id] = l
 }
 
@@ -324,45 +291,13 @@ func (s *memStore) removeWaiter(w *waiter) {
 		}
 		s.maybeIdle(ds)
 	}
-	s.memQRemove(w)
 	delete(s.waiters, w.id)
-}
-
-func (s *memStore) memQAdd(w *waiter) {
-	if w.inMemQ {
-		return
-	}
-	i, _ := slices.BinarySearchFunc(s.memQ, w.ticket, func(x *waiter, t uint64) int {
-		switch {
-		case x.ticket < t:
-			return -1
-		case x.ticket > t:
-			return 1
-		}
-		return 0
-	})
-	s.memQ = slices.Insert(s.memQ, i, w)
-	w.inMemQ = true
-}
-
-// memQRemove drops w from the memory line; when w was first, the new first
-// may now fit and is woken.
-func (s *memStore) memQRemove(w *waiter) {
-	if !w.inMemQ {
-		return
-	}
-	i := slices.Index(s.memQ, w)
-	s.memQ = slices.Delete(s.memQ, i, i+1)
-	w.inMemQ = false
-	if i == 0 && len(s.memQ) > 0 {
-		s.cands = append(s.cands, s.memQ[0])
-	}
 }
 
 // flush hands what the current call freed to the candidates: each that
 // heads all its queues and fits is granted here and now and woken (its
 // next TryAcquire finds the lease); one held back by time is woken to learn
-// how long to sleep; one held back by a ceiling or memory sleeps on, since
+// how long to sleep; one held back by a ceiling sleeps on, since
 // the release that frees it will try it again. Lock held.
 func (s *memStore) flush(now time.Time) {
 	granted := 0
@@ -422,8 +357,8 @@ func (s *memStore) Retire(_ context.Context, id string, parts lease.Parts) error
 	return nil
 }
 
-// retire returns parts of l; the heads of its queues and the first of the
-// memory line become candidates for what came free. Lock held.
+// retire returns parts of l; the heads of its queues become candidates for
+// what came free. Lock held.
 func (s *memStore) retire(id string, l *memLease, parts lease.Parts) {
 	parts &= l.held
 	if parts == 0 {
@@ -442,12 +377,6 @@ func (s *memStore) retire(id string, l *memLease, parts lease.Parts) {
 				s.cands = append(s.cands, f.Value.(*waiter))
 			}
 			s.maybeIdle(ds)
-		}
-	}
-	if parts&lease.Memory != 0 {
-		s.memHeld -= l.mem
-		if len(s.memQ) > 0 {
-			s.cands = append(s.cands, s.memQ[0])
 		}
 	}
 	if l.held == 0 {
@@ -616,7 +545,7 @@ func (s *memStore) Usage(_ context.Context) (Usage, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	u := Usage{MemoryHeld: s.memHeld, Waiters: len(s.waiters)}
+	u := Usage{Waiters: len(s.waiters)}
 	for _, ds := range s.domains {
 		du := DomainUsage{Domain: ds.d, OpenBodies: ds.bodies, RateFactor: s.factor(ds, now), Waiters: ds.queue.Len()}
 		if now.Before(ds.pauseUntil) {

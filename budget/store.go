@@ -17,9 +17,10 @@ import (
 // unknown (a timeout, a lost reply) can be repeated or undone by ID: every
 // method must be idempotent by its ID.
 type Store interface {
-	// Register stores limits (already normalized) as the budget's limits if
-	// none are stored, or if replace is set. Otherwise stored limits that
-	// differ give an error wrapping ErrLimitsConflict.
+	// Register stores limits (already normalized, and without MemoryBytes,
+	// which is each host's) as the budget's limits if none are stored, or if
+	// replace is set. Otherwise stored limits that differ give an error
+	// wrapping ErrLimitsConflict.
 	Register(ctx context.Context, limits Limits, replace bool) error
 
 	// TryAcquire makes one admission attempt for waiter id. The first call
@@ -28,7 +29,9 @@ type Store interface {
 	// its liveness. A call for an id already granted returns Granted again
 	// without granting twice. The granted lease has the same id.
 	// req.Domains may share the caller's memory: a store reads it during
-	// the call and must not keep it.
+	// the call and must not keep it. req.MemoryBytes is zero: memory is
+	// each host's, kept by the Budget before it asks the store, so a store
+	// ignores it (and the Memory part of a lease).
 	TryAcquire(ctx context.Context, id string, req Request) (Attempt, error)
 
 	// Cancel takes waiter id out of every queue and returns anything granted
@@ -48,7 +51,8 @@ type Store interface {
 	// returns the domain's rate factor after the report.
 	Throttle(ctx context.Context, d Domain, retryAfter time.Duration) (factor float64, err error)
 
-	// Usage returns a consistent snapshot of the budget.
+	// Usage returns a consistent snapshot of the budget; MemoryHeld is left
+	// to the Budget.
 	Usage(ctx context.Context) (Usage, error)
 
 	// LeaseTTL is how long a lease or waiter lives without renewal; zero when
