@@ -72,7 +72,7 @@ const (
 	// Granted: the lease exists in the store; the request may start.
 	Granted Outcome = iota + 1
 	// Queued: the waiter must wait for an event (a predecessor leaving, a
-	// slot or memory freed). Attempt.Wake is signalled when it may move.
+	// slot freed). Attempt.Wake is signalled when it may move.
 	Queued
 	// Delayed: the waiter heads its queues but waits on time (the token
 	// bucket or a provider's pause). Try again after Attempt.Wait.
