@@ -7,22 +7,21 @@
 -- ARGV[4]  waiter id (becomes the lease id on a grant)
 -- ARGV[5]  process channel suffix (where wake events for this waiter go)
 -- ARGV[6]  class index 0..NCLASS-1
--- ARGV[7]  memory bytes
--- ARGV[8]  1 if the request opens a body, else 0
--- ARGV[9]  consumer (diagnostics)
--- ARGV[10] lease and waiter TTL, ms
--- ARGV[11] 1 if this is the first call ever sent for this id, else 0: a
+-- ARGV[7]  1 if the request opens a body, else 0
+-- ARGV[8]  consumer (diagnostics)
+-- ARGV[9]  lease and waiter TTL, ms
+-- ARGV[10] 1 if this is the first call ever sent for this id, else 0: a
 --          first call cannot find a lease or a waiter of its own, and
 --          skips looking for them
--- ARGV[12] number of domains n, then ARGV[13..12+n] domain encodings
+-- ARGV[11] number of domains n, then ARGV[12..11+n] domain encodings
 --          (sorted, distinct)
+-- Memory is not an argument: each host's Budget keeps its own memory line.
 -- Returns:
 --   {R_GRANTED, age_us}  granted; age_us is how long ago (0 now; more when
 --                        an earlier call or another script's handoff
 --                        granted it)
 --   {R_QUEUED}           queued: wait for a wake event
 --   {R_DELAYED, wait_us} delayed: try again after wait_us (rate or pause)
---   {R_NEVER, mem_limit} never admissible: memory above the run's ceiling
 --   {R_UNREGISTERED}     the budget is not registered (config missing)
 -- While the budget is quarantined after a state loss, every call is delayed.
 -- Capacity this call frees (a waiter leaving) is handed to the next heads
@@ -31,16 +30,15 @@
 local id = id_arg(ARGV[4], 'waiter id')
 local ch = id_arg(ARGV[5], 'process channel')
 local class = int(ARGV[6], 'class', 0, NCLASS - 1)
-local mem = int(ARGV[7], 'memory', 0, 9007199254740991)
-local body = int(ARGV[8], 'body flag', 0, 1)
-local consumer = ARGV[9]
-local ttl = int(ARGV[10], 'lease ttl', 1, 86400000) * 1000
-local first = int(ARGV[11], 'first-call flag', 0, 1)
-local n = int(ARGV[12], 'domain count', 1, 10000)
-if #ARGV ~= 12 + n then bad('domain count does not match the arguments') end
+local body = int(ARGV[7], 'body flag', 0, 1)
+local consumer = ARGV[8]
+local ttl = int(ARGV[9], 'lease ttl', 1, 86400000) * 1000
+local first = int(ARGV[10], 'first-call flag', 0, 1)
+local n = int(ARGV[11], 'domain count', 1, 10000)
+if #ARGV ~= 11 + n then bad('domain count does not match the arguments') end
 local encs = {}
-for i = 1, n do encs[i] = enc_arg(ARGV[12 + i]) end
-local req = {id = id, encs = encs, class = class, mem = mem, body = body, consumer = consumer, ch = ch, ttl = ttl}
+for i = 1, n do encs[i] = enc_arg(ARGV[11 + i]) end
+local req = {id = id, encs = encs, class = class, body = body, consumer = consumer, ch = ch, ttl = ttl}
 
 local now = clock()
 local lim = lims()
@@ -59,10 +57,6 @@ if granted_at then
   return done({R_GRANTED, I(math.max(0, now - tonumber(granted_at)))})
 end
 local wk = P .. 'w:' .. id
-if lim.mem > 0 and mem > lim.mem then
-  remove_waiter(id)
-  return done({R_NEVER, I(lim.mem)})
-end
 
 local doms = {}
 for i, e in ipairs(encs) do doms[i] = dload(e) end
@@ -76,8 +70,8 @@ if not ticket then
     if redis.call('EXISTS', d.q) == 1 then empty = false break end
   end
   if empty then
-    local slot, memb, wait = check(req, doms, lim, now, math.huge)
-    if not slot and not memb and wait == 0 then
+    local slot, wait = check(req, doms, lim, now)
+    if not slot and wait == 0 then
       grant(req, doms, lim, now)
       return done({R_GRANTED, '0'})
     end
@@ -88,7 +82,7 @@ if not ticket then
     redis.call('PEXPIRE', d.q, IDLE)
   end
   redis.call('HSET', wk, 't', I(ticket), 'ds', table.concat(encs, ' '), 'ch', ch,
-    'cs', consumer, 'c', I(class), 'm', I(mem), 'b', I(body), 'at', I(now), 'ttl', I(ttl))
+    'cs', consumer, 'c', I(class), 'b', I(body), 'at', I(now), 'ttl', I(ttl))
   joined = true
 end
 -- Every call is also the waiter's liveness beat.
@@ -111,7 +105,7 @@ for _, d in ipairs(doms) do
   end
 end
 
-local r, wait = decide(req, doms, lim, now, ticket)
+local r, wait = decide(req, doms, lim, now)
 if r == 'granted' then return done({R_GRANTED, '0'}) end
 for _, d in ipairs(doms) do dsave(d, now, lim) end -- keep the refilled buckets
 if r == 'wait' then return done({R_DELAYED, I(wait)}) end

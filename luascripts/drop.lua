@@ -21,7 +21,7 @@ reclaim(now)
 local n = 0
 for _, lid in ipairs(redis.call('ZRANGE', P .. 'lexp', 0, -1)) do
   if all == 1 or redis.call('HGET', P .. 'l:' .. lid, 'cs') == consumer then
-    retire(lid, 1, 1, 1)
+    retire(lid, 1, 1)
     redis.call('ZREM', P .. 'lexp', lid)
     n = n + 1
   end

@@ -50,7 +50,7 @@ for first = 6, 5 + n, CHUNK do
     local e = tonumber(scores[i])
     if not e or e <= now then
       if e then
-        retire(lid, 1, 1, 1)
+        retire(lid, 1, 1)
         redis.call('ZREM', lexp, lid)
       end
       missing[#missing + 1] = lid

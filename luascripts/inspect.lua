@@ -8,11 +8,11 @@
 -- ARGV[4]  most leases and most waiters to list
 -- Returns {R_UNREGISTERED} when the budget does not exist, else
 -- {R_OK, json} with
---   now, epoch, limits (the stored JSON), memheld,
+--   now, epoch, limits (the stored JSON),
 --   domains: [{enc, f0..f<NCLASS-1>, b, tokens, burst, rate, factor, pause_us,
 --              queue, throttled}]   (tokens/burst/rate empty when unlimited)
---   leases:  [{id, ds, c, m, parts, consumer, granted, expires}]
---   waiters: [{id, ds, c, m, b, consumer, ticket, arrived, expires}]
+--   leases:  [{id, ds, c, parts, consumer, granted, expires}]
+--   waiters: [{id, ds, c, b, consumer, ticket, arrived, expires}]
 -- Times are the call's clock (Redis TIME) in microseconds, as strings.
 
 local most = int(ARGV[4], 'most', 0, 1000000)
@@ -21,7 +21,7 @@ local lim = lims()
 if not lim then return {R_UNREGISTERED} end
 reclaim(now)
 local cfg = redis.call('HMGET', CFG, 'epoch', 'json')
-local out = {now = I(now), epoch = cfg[1] or '', limits = cfg[2] or '', memheld = I(lim.memheld),
+local out = {now = I(now), epoch = cfg[1] or '', limits = cfg[2] or '',
   domains = {}, leases = {}, waiters = {}}
 
 for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
@@ -43,20 +43,20 @@ end
 
 local ls = redis.call('ZRANGE', P .. 'lexp', 0, most - 1, 'WITHSCORES')
 for i = 1, #ls, 2 do
-  local v = redis.call('HMGET', P .. 'l:' .. ls[i], 'ds', 'c', 'm', 'hr', 'hb', 'hm', 'cs', 'g')
+  local v = redis.call('HMGET', P .. 'l:' .. ls[i], 'ds', 'c', 'hr', 'hb', 'cs', 'g')
   if v[1] then
-    local parts = tonumber(v[4]) + 2 * tonumber(v[5]) + 4 * tonumber(v[6])
-    out.leases[#out.leases + 1] = {id = ls[i], ds = v[1], c = v[2], m = v[3], parts = I(parts),
-      consumer = v[7] or '', granted = v[8] or '', expires = ls[i + 1]}
+    local parts = tonumber(v[3]) + 2 * tonumber(v[4])
+    out.leases[#out.leases + 1] = {id = ls[i], ds = v[1], c = v[2], parts = I(parts),
+      consumer = v[5] or '', granted = v[6] or '', expires = ls[i + 1]}
   end
 end
 
 local ws = redis.call('ZRANGE', P .. 'wexp', 0, most - 1, 'WITHSCORES')
 for i = 1, #ws, 2 do
-  local v = redis.call('HMGET', P .. 'w:' .. ws[i], 'ds', 'c', 'm', 'b', 'cs', 't', 'at')
+  local v = redis.call('HMGET', P .. 'w:' .. ws[i], 'ds', 'c', 'b', 'cs', 't', 'at')
   if v[1] then
-    out.waiters[#out.waiters + 1] = {id = ws[i], ds = v[1], c = v[2], m = v[3], b = v[4],
-      consumer = v[5] or '', ticket = v[6] or '', arrived = v[7] or '', expires = ws[i + 1]}
+    out.waiters[#out.waiters + 1] = {id = ws[i], ds = v[1], c = v[2], b = v[3],
+      consumer = v[4] or '', ticket = v[5] or '', arrived = v[6] or '', expires = ws[i + 1]}
   end
 end
 return done({R_OK, cjson.encode(out)})

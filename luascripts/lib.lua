@@ -24,8 +24,8 @@
 -- starting with "RBINVAL" before anything is written.
 --
 -- Key layout under the prefix P:
---   cfg          hash: limits (json, rps, burst, c0..c<NCLASS-1>, bodies, mem),
---                memheld, seq (arrival tickets), epoch, qu (quarantine end
+--   cfg          hash: limits (json, rps, burst, c0..c<NCLASS-1>, bodies),
+--                seq (arrival tickets), epoch, qu (quarantine end
 --                after a state loss), rid (the Redis run_id that wrote it),
 --                rx (when its TTL runs out, us), rc (a time no later than
 --                the earliest deadline in lexp and wexp: when reclaim is due)
@@ -37,11 +37,12 @@
 --                set (for Usage)
 --   w:<id>       hash: a waiter (ticket, domains, process channel, flags)
 --   wexp         zset: waiter id -> liveness deadline (us)
---   l:<id>       hash: a lease (domains, class, memory, parts held)
+--   l:<id>       hash: a lease (domains, class, parts held)
 --   lexp         zset: lease id -> expiry (us)
---   memq         zset: waiters blocked on memory, scored by ticket
 --   wake:<proc>  pub/sub channel of one process; messages are waiter ids
 -- <enc> is "<version>.<hex of the ID bytes>", injective and free of braces.
+-- Memory is not here: each host keeps its own memory line (budget/memory.go),
+-- and the scripts never see a request's memory.
 --
 -- Cost matters: on a loaded machine every command inside a script costs a
 -- microsecond or more, and every string formatted or table built a fraction
@@ -69,7 +70,6 @@ local R_OK = '1'           -- done; any further fields are the script's result
 local R_GRANTED = '1'      -- acquire: granted, then the grant's age in us
 local R_QUEUED = '2'       -- acquire: queued; wait for a wake event
 local R_DELAYED = '3'      -- acquire: held back by time, then the wait in us
-local R_NEVER = '-1'       -- acquire: memory above the run's ceiling, then the ceiling
 local R_UNREGISTERED = '-2' -- the budget's config is missing (never made, or lost)
 local R_CONFLICT = '-3'    -- register: other limits are stored, then their JSON
 local R_NEW_EPOCH = '-3'   -- heartbeat: the budget's epoch changed, then the new one
@@ -169,9 +169,9 @@ local CUBIC_C = (1 - BETA) / (RECOVERY * RECOVERY * RECOVERY)
 -- In a function library (Library sets IN_LIBRARY once, at load) the
 -- ceilings, parsed, outlive a call: LCACHE maps a config key to them and to
 -- the limits JSON they came from. The JSON is written with them, in the same
--- HSET, so an equal JSON means equal ceilings, and a call reads 5 fields
--- instead of 12. A script sent by EVALSHA starts from nothing every call
--- and reads all 12 at once.
+-- HSET, so an equal JSON means equal ceilings, and a call reads 4 fields
+-- instead of NCLASS + 6 (12 with today's six classes). A script sent by
+-- EVALSHA starts from nothing every call and reads them all at once.
 local IN_LIBRARY = false
 local LCACHE, LCACHED = {}, 0
 local LCACHE_MAX = 1024
@@ -185,20 +185,20 @@ local function concat(a, b)
   for i = 1, #b do out[#out + 1] = b[i] end
   return out
 end
-local LIMITF = concat({'rps', 'burst', 'bodies', 'mem'}, CAPF)
-local LIMITF_ALL = concat(LIMITF, {'memheld', 'qu', 'rx', 'rc'})
+local LIMITF = concat({'rps', 'burst', 'bodies'}, CAPF)
+local LIMITF_ALL = concat(LIMITF, {'qu', 'rx', 'rc'})
 
 local function parse_limits(v)
   local caps = {}
-  for c = 1, NCLASS do caps[c] = tonumber(v[4 + c]) or 0 end
-  return {rps = tonumber(v[1]), burst = tonumber(v[2]), bodies = tonumber(v[3]), mem = tonumber(v[4]), caps = caps}
+  for c = 1, NCLASS do caps[c] = tonumber(v[3 + c]) or 0 end
+  return {rps = tonumber(v[1]), burst = tonumber(v[2]), bodies = tonumber(v[3]), caps = caps}
 end
 
 -- A call's view of the limits: the ceilings (shared, read-only) behind the
 -- fields of this call, which it updates as it goes.
 local function limits()
   if IN_LIBRARY then
-    local v = redis.call('HMGET', CFG, 'json', 'memheld', 'qu', 'rx', 'rc')
+    local v = redis.call('HMGET', CFG, 'json', 'qu', 'rx', 'rc')
     if not v[1] then
       return nil
     end
@@ -217,8 +217,8 @@ local function limits()
       c.mt = {__index = c}
       LCACHE[CFG] = c
     end
-    return setmetatable({memheld = tonumber(v[2]) or 0, qu = tonumber(v[3]) or 0,
-      rx = tonumber(v[4]) or 0, rc = tonumber(v[5]) or 0}, c.mt)
+    return setmetatable({qu = tonumber(v[2]) or 0, rx = tonumber(v[3]) or 0,
+      rc = tonumber(v[4]) or 0}, c.mt)
   end
   local v = redis.call('HMGET', CFG, unpack(LIMITF_ALL))
   if not v[1] then
@@ -226,13 +226,14 @@ local function limits()
   end
   local lim = parse_limits(v)
   local k = #LIMITF
-  lim.memheld, lim.qu, lim.rx, lim.rc = tonumber(v[k + 1]) or 0, tonumber(v[k + 2]) or 0,
-    tonumber(v[k + 3]) or 0, tonumber(v[k + 4]) or 0
+  lim.qu, lim.rx, lim.rc = tonumber(v[k + 1]) or 0, tonumber(v[k + 2]) or 0,
+    tonumber(v[k + 3]) or 0
   return lim
 end
 
--- lims returns the budget's limits, read once per script; grants made by
--- this script update memheld in place. nil when the budget is not stored.
+-- lims returns the budget's limits, read once per script; this script's
+-- changes to qu, rx and rc update it in place. nil when the budget is not
+-- stored.
 local function lims()
   if LIM == nil then LIM = limits() or false end
   return LIM or nil
@@ -438,35 +439,23 @@ local function head(q)
 end
 
 -- Waiters that may be able to move after this script's changes: new heads
--- of queues, heads of queues where something came free, the first of the
--- memory line. done() tries to grant each one here and now (a handoff),
--- which lets one release fill every free slot at once instead of one slot
--- per wake-and-call, and wakes only those that must act: a waiter granted
--- (to collect its lease), or one held back by time (the rate or a pause),
--- which must learn how long to sleep. One held back by a ceiling or memory
--- stays asleep: the release that frees its slot will try it again.
+-- of queues, and heads of queues where something came free. done() tries
+-- to grant each one here and now (a handoff), which lets one release fill
+-- every free slot at once instead of one slot per wake-and-call, and
+-- wakes only those that must act: a waiter granted (to collect its lease),
+-- or one held back by time (the rate or a pause), which must learn how
+-- long to sleep. One held back by a ceiling stays
+-- asleep: the release that frees its slot will try it again.
 local function candidate(wid)
   CANDS[#CANDS + 1] = wid
-end
-
--- Takes wid out of the memory line; a new first waiter may now fit.
-local function memq_remove(wid)
-  local mq = P .. 'memq'
-  local first = redis.call('ZRANGE', mq, 0, 1)
-  if first[1] == wid then
-    redis.call('ZREM', mq, wid)
-    if first[2] then candidate(first[2]) end
-  elseif first[2] then
-    redis.call('ZREM', mq, wid)
-  end
 end
 
 -- Takes waiter wid out of every queue; whoever now heads them is a candidate.
 local function remove_waiter(wid)
   local wk = P .. 'w:' .. wid
-  local v = redis.call('HMGET', wk, 'ds', 'm')
-  if v[1] then
-    for enc in string.gmatch(v[1], '%S+') do
+  local ds = redis.call('HGET', wk, 'ds')
+  if ds then
+    for enc in string.gmatch(ds, '%S+') do
       local q = P .. 'q:' .. enc
       -- The first two: if wid heads the queue, the second is the new head.
       local h = redis.call('ZRANGE', q, 0, 1)
@@ -474,26 +463,22 @@ local function remove_waiter(wid)
       if h[1] == wid and h[2] then candidate(h[2]) end
     end
   end
-  -- A waiter that asked for no memory never joins the memory line.
-  if v[2] ~= '0' then memq_remove(wid) end
   redis.call('DEL', wk)
   redis.call('ZREM', P .. 'wexp', wid)
 end
 
--- Returns parts of lease lid (r, b, m are 0 or 1); the heads of its queues
--- and the first of the memory line become candidates.
-local function retire(lid, r, b, m)
+-- Returns parts of lease lid (r, b are 0 or 1); the heads of its queues
+-- become candidates.
+local function retire(lid, r, b)
   local lk = P .. 'l:' .. lid
-  local v = redis.call('HMGET', lk, 'ds', 'c', 'm', 'hr', 'hb', 'hm')
+  local v = redis.call('HMGET', lk, 'ds', 'c', 'hr', 'hb')
   if not v[1] then
     redis.call('ZREM', P .. 'lexp', lid)
     return
   end
-  local c, mem = tonumber(v[2]), tonumber(v[3])
-  local hr, hb, hm = tonumber(v[4]), tonumber(v[5]), tonumber(v[6])
+  local c, hr, hb = tonumber(v[2]), tonumber(v[3]), tonumber(v[4])
   local dr = (r == 1 and hr == 1)
   local db = (b == 1 and hb == 1)
-  local dm = (m == 1 and hm == 1)
   if dr or db then
     for enc in string.gmatch(v[1], '%S+') do
       local dk = P .. 'd:' .. enc
@@ -517,33 +502,24 @@ local function retire(lid, r, b, m)
       if h then candidate(h) end
     end
   end
-  if dm then
-    redis.call('HINCRBY', CFG, 'memheld', I(-mem))
-    if LIM then LIM.memheld = LIM.memheld - mem end
-    local nf = head(P .. 'memq')
-    if nf then candidate(nf) end
-  end
   if dr then hr = 0 end
   if db then hb = 0 end
-  if dm then hm = 0 end
-  if hr == 0 and hb == 0 and hm == 0 then
+  if hr == 0 and hb == 0 then
     redis.call('DEL', lk)
     redis.call('ZREM', P .. 'lexp', lid)
   else
-    redis.call('HSET', lk, 'hr', I(hr), 'hb', I(hb), 'hm', I(hm))
+    redis.call('HSET', lk, 'hr', I(hr), 'hb', I(hb))
   end
 end
 
--- A request as the scripts see it: req = {id, encs, class, mem, body,
--- consumer, ch, ttl (us)}, the caller's or a queued waiter's stored one.
+-- A request as the scripts see it: req = {id, encs, class, body, consumer,
+-- ch, ttl (us)}, the caller's or a queued waiter's stored one.
 
 -- check reports, without changing counts, whether req fits now: slot when a
--- ceiling is full on a domain, memb when memory is short or promised to an
--- older waiter, and wait (us) for the rate or a pause. Buckets are refilled
--- on the domain tables (their only change). ticket orders req against the
--- memory line; a new arrival is younger than everyone (math.huge).
-local function check(req, doms, lim, now, ticket)
-  local slot, memb, wait = false, false, 0
+-- ceiling is full on a domain, and wait (us) for the rate or a pause.
+-- Buckets are refilled on the domain tables (their only change).
+local function check(req, doms, lim, now)
+  local slot, wait = false, 0
   local cap = lim.caps[req.class + 1]
   local fc = 'f' .. req.class
   for _, d in ipairs(doms) do
@@ -559,19 +535,11 @@ local function check(req, doms, lim, now, ticket)
       end
     end
   end
-  if req.mem > 0 and lim.mem > 0 then
-    if lim.memheld + req.mem > lim.mem then
-      memb = true
-    else
-      local first = redis.call('ZRANGE', P .. 'memq', 0, 0, 'WITHSCORES')
-      if first[1] and first[1] ~= req.id and tonumber(first[2]) < ticket then memb = true end
-    end
-  end
-  return slot, memb, wait
+  return slot, wait
 end
 
--- grant charges req to its domains and the memory pool and records the
--- lease; check has just refilled the buckets at now.
+-- grant charges req to its domains and records the lease; check has just
+-- refilled the buckets at now.
 local function grant(req, doms, lim, now)
   local fc = 'f' .. req.class
   for _, d in ipairs(doms) do
@@ -590,13 +558,9 @@ local function grant(req, doms, lim, now)
     end
     dsave(d, now, lim)
   end
-  if req.mem > 0 then
-    redis.call('HINCRBY', CFG, 'memheld', I(req.mem))
-    lim.memheld = lim.memheld + req.mem
-  end
   local lk = P .. 'l:' .. req.id
-  redis.call('HSET', lk, 'ds', table.concat(req.encs, ' '), 'c', I(req.class), 'm', I(req.mem),
-    'hr', '1', 'hb', I(req.body), 'hm', (req.mem > 0) and '1' or '0', 'cs', req.consumer, 'g', I(now), 'ch', req.ch)
+  redis.call('HSET', lk, 'ds', table.concat(req.encs, ' '), 'c', I(req.class),
+    'hr', '1', 'hb', I(req.body), 'cs', req.consumer, 'g', I(now), 'ch', req.ch)
   redis.call('PEXPIRE', lk, I(IDLE))
   deadline(P .. 'lexp', now + req.ttl, req.id)
   redis.call('PEXPIRE', P .. 'lexp', IDLE)
@@ -604,18 +568,12 @@ end
 
 -- decide is the one admission decision for a queued waiter that heads all
 -- its queues, made on its own call (acquire) or on its behalf (try_grant):
--- it keeps the memory line to the waiters lacking memory, and grants when
--- everything fits. Returns 'granted', 'wait' and the wait in us (the rate
--- or a pause), or 'blocked' (a ceiling or memory). Mirrors memStore.attempt.
-local function decide(req, doms, lim, now, ticket)
-  local slot, memb, wait = check(req, doms, lim, now, ticket)
-  if memb then
-    redis.call('ZADD', P .. 'memq', I(ticket), req.id)
-    redis.call('PEXPIRE', P .. 'memq', IDLE)
-  elseif req.mem > 0 then -- a request without memory is never in the line
-    memq_remove(req.id)
-  end
-  if slot or memb then return 'blocked', 0 end
+-- it grants when everything fits. Returns 'granted', 'wait' and the wait in
+-- us (the rate or a pause), or 'blocked' (a ceiling). Mirrors
+-- memStore.attempt.
+local function decide(req, doms, lim, now)
+  local slot, wait = check(req, doms, lim, now)
+  if slot then return 'blocked', 0 end
   if wait > 0 then return 'wait', wait end
   grant(req, doms, lim, now)
   remove_waiter(req.id)
@@ -623,27 +581,28 @@ local function decide(req, doms, lim, now, ticket)
 end
 
 -- try_grant admits queued waiter wid on its stored request if it heads all
--- its queues and fits now, and tells it so. Returns 'granted', 'wait' (held back by the rate or a pause),
--- 'blocked' (a ceiling or memory), 'no' (not a head of every queue, or
--- gone), or 'unknown' (a waiter without a stored request: just wake it).
+-- its queues and fits now, and tells it so. Returns 'granted', 'wait' (held
+-- back by the rate or a pause), 'blocked' (a ceiling), 'no' (not a head of
+-- every queue, or gone), or 'unknown' (a waiter without a stored request:
+-- just wake it).
 local function try_grant(wid, now)
   local lim = lims()
-  local v = redis.call('HMGET', P .. 'w:' .. wid, 'ds', 'c', 'm', 'b', 'cs', 'ch', 'ttl', 't')
+  local v = redis.call('HMGET', P .. 'w:' .. wid, 'ds', 'c', 'b', 'cs', 'ch', 'ttl')
   if not v[1] then return 'no' end
-  if not lim or not v[7] then return 'unknown' end
+  if not lim or not v[6] then return 'unknown' end
   -- No grant while the budget is quarantined after a state loss (waiters
   -- can survive a restart from AOF); the waiter learns how long from its
   -- own call, which the quarantine delays.
   if now < lim.qu then return 'wait' end
-  local req = {id = wid, encs = {}, class = tonumber(v[2]), mem = tonumber(v[3]), body = tonumber(v[4]),
-    consumer = v[5] or '', ch = v[6], ttl = tonumber(v[7])}
+  local req = {id = wid, encs = {}, class = tonumber(v[2]), body = tonumber(v[3]),
+    consumer = v[4] or '', ch = v[5], ttl = tonumber(v[6])}
   for e in string.gmatch(v[1], '%S+') do
     if head(P .. 'q:' .. e) ~= wid then return 'no' end
     req.encs[#req.encs + 1] = e
   end
   local doms = {}
   for i, e in ipairs(req.encs) do doms[i] = dload(e) end
-  local r = decide(req, doms, lim, now, tonumber(v[8]))
+  local r = decide(req, doms, lim, now)
   if r ~= 'granted' then
     -- Keep what check refilled where the rate changes with time (a
     -- throttled domain, its factor climbing back): a refill credits the
@@ -701,7 +660,7 @@ local function reclaim(now)
   local lexp, wexp = P .. 'lexp', P .. 'wexp'
   local ids = redis.call('ZRANGEBYSCORE', lexp, '-inf', I(now), 'LIMIT', 0, RECLAIM)
   for _, lid in ipairs(ids) do
-    retire(lid, 1, 1, 1)
+    retire(lid, 1, 1)
     redis.call('ZREM', lexp, lid)
   end
   ids = redis.call('ZRANGEBYSCORE', wexp, '-inf', I(now), 'LIMIT', 0, RECLAIM)

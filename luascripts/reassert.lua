@@ -9,9 +9,9 @@
 -- KEYS[1]  config hash
 -- ARGV[1..3] the common arguments (lib.lua)
 -- ARGV[4]  lease TTL, ms
--- ARGV[5]  number of leases n, then per lease 6 fields and its domains:
---          id, class index, memory, parts (1 request + 2 body + 4 memory),
---          consumer, domain count k, then k domain encodings
+-- ARGV[5]  number of leases n, then per lease 5 fields and its domains:
+--          id, class index, parts (1 request + 2 body: 1..3), consumer,
+--          domain count k, then k domain encodings
 -- Returns {R_UNREGISTERED} when the budget is not registered, else
 -- {R_OK, count re-asserted}.
 
@@ -32,25 +32,23 @@ local i, put = 6, 0
 for _ = 1, n do
   local id = id_arg(ARGV[i], 'lease id')
   local class = int(ARGV[i + 1], 'class', 0, NCLASS - 1)
-  local mem = int(ARGV[i + 2], 'memory', 0, 9007199254740991)
-  local parts = int(ARGV[i + 3], 'parts', 1, 7)
-  local consumer = ARGV[i + 4] or ''
-  local k = int(ARGV[i + 5], 'domain count', 1, 10000)
+  local parts = int(ARGV[i + 2], 'parts', 1, 3)
+  local consumer = ARGV[i + 3] or ''
+  local k = int(ARGV[i + 4], 'domain count', 1, 10000)
   local encs = {}
-  for j = 1, k do encs[j] = enc_arg(ARGV[i + 5 + j]) end
-  i = i + 6 + k
+  for j = 1, k do encs[j] = enc_arg(ARGV[i + 4 + j]) end
+  i = i + 5 + k
   local lk = P .. 'l:' .. id
   if redis.call('EXISTS', lk) == 0 then
-    local hr, hb, hm = parts % 2, math.floor(parts / 2) % 2, math.floor(parts / 4) % 2
+    local hr, hb = parts % 2, math.floor(parts / 2)
     for _, e in ipairs(encs) do
       local d = dload(e)
       if hr == 1 then d['f' .. class] = d['f' .. class] + 1 end
       if hb == 1 then d.b = d.b + 1 end
       dsave(d, now, lim)
     end
-    if hm == 1 and mem > 0 then redis.call('HINCRBY', CFG, 'memheld', I(mem)) end
-    redis.call('HSET', lk, 'ds', table.concat(encs, ' '), 'c', I(class), 'm', I(mem),
-      'hr', I(hr), 'hb', I(hb), 'hm', I(hm), 'cs', consumer, 'g', I(now), 'ch', 'reasserted')
+    redis.call('HSET', lk, 'ds', table.concat(encs, ' '), 'c', I(class),
+      'hr', I(hr), 'hb', I(hb), 'cs', consumer, 'g', I(now), 'ch', 'reasserted')
     redis.call('PEXPIRE', lk, I(IDLE))
     deadline(P .. 'lexp', now + ttl, id)
     put = put + 1

@@ -6,15 +6,15 @@
 -- ARGV[1..3] the common arguments (lib.lua)
 -- ARGV[4]  limits as canonical JSON (compared byte for byte)
 -- ARGV[5]  requests per second (decimal), ARGV[6] burst,
--- ARGV[7]  open bodies, ARGV[8] memory bytes
--- ARGV[9]  1 to replace differing stored limits, else 0
--- ARGV[10] 1 when this host held state under an earlier epoch that is gone
---          (Redis lost the budget): new grants then wait ARGV[11] ms, long
+-- ARGV[7]  open bodies (memory is each host's own, never stored here)
+-- ARGV[8]  1 to replace differing stored limits, else 0
+-- ARGV[9]  1 when this host held state under an earlier epoch that is gone
+--          (Redis lost the budget): new grants then wait ARGV[10] ms, long
 --          enough for every live holder to re-assert its leases.
--- ARGV[11] quarantine, ms
--- ARGV[12] 1 to start a new epoch even though the config exists (Redis
+-- ARGV[10] quarantine, ms
+-- ARGV[11] 1 to start a new epoch even though the config exists (Redis
 --          restarted from a persistence file that may miss recent writes)
--- ARGV[13..12+NCLASS] in-flight ceilings by class index
+-- ARGV[12..11+NCLASS] in-flight ceilings by class index
 -- Replacing limits first brings every bucket up to now under the old ones,
 -- then tries the head of every queue again under the new (a handoff).
 -- Returns:
@@ -25,16 +25,15 @@ local json = ARGV[4]
 local rps = dec(ARGV[5], 'rate', 1e9)
 local burst = int(ARGV[6], 'burst', 0, 9007199254740991)
 local bodies = int(ARGV[7], 'open bodies', 0, 9007199254740991)
-local mem = int(ARGV[8], 'memory', 0, 9007199254740991)
-local replace = int(ARGV[9], 'replace flag', 0, 1)
-local lost = int(ARGV[10], 'lost flag', 0, 1)
-local quarantine = int(ARGV[11], 'quarantine', 0, 86400000) * 1000
-local renew = int(ARGV[12], 'new epoch flag', 0, 1)
-if #ARGV ~= 12 + NCLASS then bad('expected ' .. NCLASS .. ' in-flight ceilings') end
-local fields = {'json', json, 'rps', ARGV[5], 'burst', I(burst), 'bodies', I(bodies), 'mem', I(mem)}
+local replace = int(ARGV[8], 'replace flag', 0, 1)
+local lost = int(ARGV[9], 'lost flag', 0, 1)
+local quarantine = int(ARGV[10], 'quarantine', 0, 86400000) * 1000
+local renew = int(ARGV[11], 'new epoch flag', 0, 1)
+if #ARGV ~= 11 + NCLASS then bad('expected ' .. NCLASS .. ' in-flight ceilings') end
+local fields = {'json', json, 'rps', ARGV[5], 'burst', I(burst), 'bodies', I(bodies)}
 for c = 1, NCLASS do
   fields[#fields + 1] = CAPF[c]
-  fields[#fields + 1] = I(int(ARGV[12 + c], 'in-flight ceiling', 0, 9007199254740991))
+  fields[#fields + 1] = I(int(ARGV[11 + c], 'in-flight ceiling', 0, 9007199254740991))
 end
 
 local now = clock()
@@ -74,15 +73,13 @@ if lost == 1 and not stored then
 end
 redis.call('HSETNX', CFG, 'epoch', I(now))
 redis.call('HSETNX', CFG, 'seq', 0)
-redis.call('HSETNX', CFG, 'memheld', 0)
 touch_cfg(now)
 reclaim(now)
 if replacing then
   -- New ceilings may let waiters move: every queue's head is a candidate,
   -- oldest first (by ticket, as memStore.Register tries them; the order
-  -- decides who gets capacity two heads both want), then the first of the
-  -- memory line. done() grants those that fit and wakes the rest that must
-  -- hear of it.
+  -- decides who gets capacity two heads both want). done() grants those
+  -- that fit and wakes the rest that must hear of it.
   local heads, seen = {}, {}
   for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
     local h = redis.call('ZRANGE', P .. 'q:' .. enc, 0, 0, 'WITHSCORES')
@@ -93,7 +90,5 @@ if replacing then
   end
   table.sort(heads, function(a, b) return a[1] < b[1] end)
   for _, h in ipairs(heads) do candidate(h[2]) end
-  local f = head(P .. 'memq')
-  if f then candidate(f) end
 end
 return done({R_OK, redis.call('HGET', CFG, 'epoch')})

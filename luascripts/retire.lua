@@ -6,13 +6,16 @@
 -- KEYS[1]  config hash
 -- ARGV[1..3] the common arguments (lib.lua)
 -- ARGV[4]  lease id
--- ARGV[5]  parts: 1 request slot + 2 open body + 4 memory (1..7)
+-- ARGV[5]  parts: 1 request slot + 2 open body (1..3). Memory is the
+--          host's own and never reaches the scripts: a parts value with
+--          bit 4 set is refused (RBINVAL), since only a caller of this
+--          build runs this script and it never sends one.
 -- Returns {R_OK}.
 
 local id = id_arg(ARGV[4], 'lease id')
-local parts = int(ARGV[5], 'parts', 1, 7)
+local parts = int(ARGV[5], 'parts', 1, 3)
 local now = clock()
 touch_cfg(now)
 reclaim(now)
-retire(id, parts % 2, math.floor(parts / 2) % 2, math.floor(parts / 4) % 2)
+retire(id, parts % 2, math.floor(parts / 2))
 return done({R_OK})

@@ -4,7 +4,7 @@
 --
 -- KEYS[1]  config hash
 -- ARGV[1..3] the common arguments (lib.lua)
--- Returns {R_OK, memheld, waiters, then per domain with anything held,
+-- Returns {R_OK, waiters, then per domain with anything held,
 -- queued, throttled or paused: enc, f0 .. f<NCLASS-1> (in flight by class
 -- index), bodies, factor, pause_us, queue length}, all strings, or
 -- {R_UNREGISTERED} when the budget is not registered.
@@ -14,7 +14,7 @@ local lim = lims()
 if not lim then return {R_UNREGISTERED} end
 touch_cfg(now)
 reclaim(now)
-local out = {R_OK, I(lim.memheld), I(redis.call('ZCARD', P .. 'wexp'))}
+local out = {R_OK, I(redis.call('ZCARD', P .. 'wexp'))}
 local doms = P .. 'doms'
 for _, enc in ipairs(redis.call('ZRANGE', doms, 0, -1)) do
   if redis.call('EXISTS', P .. 'd:' .. enc) == 0 then

@@ -132,15 +132,14 @@ func (a *Admin) List(ctx context.Context) ([]BudgetSummary, error) {
 
 // Inspection is a full view of one budget at one instant of Redis time.
 type Inspection struct {
-	Name       string        `json:"name"`
-	Now        time.Time     `json:"now"`     // Redis TIME
-	Created    time.Time     `json:"created"` // when the limits were first stored
-	Limits     budget.Limits `json:"limits"`
-	MemoryHeld int64         `json:"memory_held"`
-	Domains    []DomainState `json:"domains"`
-	Leases     []LeaseState  `json:"leases"`
-	Waiters    []WaiterState `json:"waiters"`
-	Truncated  bool          `json:"truncated,omitempty"` // more leases or waiters than listed
+	Name      string        `json:"name"`
+	Now       time.Time     `json:"now"`     // Redis TIME
+	Created   time.Time     `json:"created"` // when the limits were first stored
+	Limits    budget.Limits `json:"limits"`  // the shared ceilings; MemoryBytes is each host's and never stored
+	Domains   []DomainState `json:"domains"`
+	Leases    []LeaseState  `json:"leases"`
+	Waiters   []WaiterState `json:"waiters"`
+	Truncated bool          `json:"truncated,omitempty"` // more leases or waiters than listed
 }
 
 // DomainState is one domain of an Inspection.
@@ -165,7 +164,6 @@ type LeaseState struct {
 	Consumer  string          `json:"consumer"`
 	Domains   []budget.Domain `json:"domains"`
 	Class     budget.OpClass  `json:"class"`
-	Memory    int64           `json:"memory"`
 	Parts     string          `json:"parts"`
 	Age       time.Duration   `json:"age"`
 	ExpiresIn time.Duration   `json:"expires_in"`
@@ -177,14 +175,13 @@ type WaiterState struct {
 	Consumer  string          `json:"consumer"`
 	Domains   []budget.Domain `json:"domains"`
 	Class     budget.OpClass  `json:"class"`
-	Memory    int64           `json:"memory"`
 	Ticket    int64           `json:"ticket"`
 	Waiting   time.Duration   `json:"waiting"`
 	ExpiresIn time.Duration   `json:"expires_in"`
 }
 
 // Inspect reads a whole budget in one script call: limits, every domain's
-// counts, bucket, factor, pause and queue, memory held, and up to most
+// counts, bucket, factor, pause and queue, and up to most
 // leases and waiters (0 means 1000), oldest expiry first.
 func (a *Admin) Inspect(ctx context.Context, name string, most int) (Inspection, error) {
 	if most <= 0 {
@@ -202,17 +199,17 @@ func (a *Admin) Inspect(ctx context.Context, name string, most int) (Inspection,
 		return Inspection{}, noBudget(name, err)
 	}
 	var raw struct {
-		Now, Epoch, Limits, Memheld string
-		Domains                     luaList[map[string]string]
-		Leases                      luaList[map[string]string]
-		Waiters                     luaList[map[string]string]
+		Now, Epoch, Limits string
+		Domains            luaList[map[string]string]
+		Leases             luaList[map[string]string]
+		Waiters            luaList[map[string]string]
 	}
 	if err := json.Unmarshal([]byte(doc), &raw); err != nil {
 		return Inspection{}, fmt.Errorf("redisstore: inspect: malformed reply: %v", err)
 	}
 	p := parser{}
 	now := p.us(raw.Now)
-	in := Inspection{Name: name, Now: usTime(now), Created: usTime(p.us(raw.Epoch)), MemoryHeld: p.int(raw.Memheld)}
+	in := Inspection{Name: name, Now: usTime(now), Created: usTime(p.us(raw.Epoch))}
 	if raw.Limits != "" {
 		if err := json.Unmarshal([]byte(raw.Limits), &in.Limits); err != nil {
 			return Inspection{}, fmt.Errorf("redisstore: inspect: stored limits: %v", err)
@@ -236,12 +233,12 @@ func (a *Admin) Inspect(ctx context.Context, name string, most int) (Inspection,
 	sortStates(in.Domains)
 	for _, r := range raw.Leases {
 		in.Leases = append(in.Leases, LeaseState{ID: r["id"], Consumer: r["consumer"], Domains: p.domains(r["ds"]),
-			Class: p.class(r["c"]), Memory: p.int(r["m"]), Parts: lease.Parts(p.int(r["parts"])).String(),
+			Class: p.class(r["c"]), Parts: lease.Parts(p.int(r["parts"])).String(),
 			Age: usSince(now, p.us(r["granted"])), ExpiresIn: -usSince(now, p.us(r["expires"]))})
 	}
 	for _, r := range raw.Waiters {
 		in.Waiters = append(in.Waiters, WaiterState{ID: r["id"], Consumer: r["consumer"], Domains: p.domains(r["ds"]),
-			Class: p.class(r["c"]), Memory: p.int(r["m"]), Ticket: p.int(r["ticket"]),
+			Class: p.class(r["c"]), Ticket: p.int(r["ticket"]),
 			Waiting: usSince(now, p.us(r["arrived"])), ExpiresIn: -usSince(now, p.us(r["expires"]))})
 	}
 	slices.SortFunc(in.Waiters, func(x, y WaiterState) int { return int(x.Ticket - y.Ticket) })

@@ -15,7 +15,10 @@ import (
 // The store's calls: each budget.Store method is one script call (two when
 // Redis lost the budget and it is registered again first).
 
-// Register implements budget.Store.
+// Register implements budget.Store. The limits' MemoryBytes is not sent:
+// memory is each host's own (the Budget keeps its line), and Redis stores
+// only the shared ceilings; the limits a conflict compares are the JSON of
+// l without it.
 func (s *Store) Register(ctx context.Context, l budget.Limits, replace bool) error {
 	return s.register(ctx, l, replace, false)
 }
@@ -23,12 +26,13 @@ func (s *Store) Register(ctx context.Context, l budget.Limits, replace bool) err
 // register stores l. lost says this store held state under an epoch that
 // Redis no longer has: a budget created now starts under quarantine.
 func (s *Store) register(ctx context.Context, l budget.Limits, replace, lost bool) error {
+	l.MemoryBytes = 0
 	js, err := json.Marshal(l) // map keys sorted: canonical
 	if err != nil {
 		return fmt.Errorf("redisstore: encoding limits: %v", err)
 	}
 	args := s.args(string(js), strconv.FormatFloat(l.RequestsPerSecond, 'f', -1, 64), l.Burst,
-		l.OpenBodies, l.MemoryBytes, flag(replace), flag(lost), ms(s.ttl), 0)
+		l.OpenBodies, flag(replace), flag(lost), ms(s.ttl), 0)
 	for _, c := range budget.Classes() {
 		args = append(args, l.InFlight[c])
 	}
@@ -92,7 +96,7 @@ func (s *Store) reassert(ctx context.Context, epoch string) error {
 		part := all[start:min(start+chunk, len(all))]
 		args := s.args(ms(s.ttl), len(part))
 		for _, x := range part {
-			args = append(args, x.id, x.h.class, x.h.mem, int(x.h.held), x.h.consumer, len(x.h.encs))
+			args = append(args, x.id, x.h.class, int(x.h.held), x.h.consumer, len(x.h.encs))
 			for _, e := range x.h.encs {
 				args = append(args, e)
 			}
@@ -123,8 +127,10 @@ func (s *Store) reassert(ctx context.Context, epoch string) error {
 	return nil
 }
 
-// TryAcquire implements budget.Store.
+// TryAcquire implements budget.Store. A request's MemoryBytes is ignored:
+// memory is the host's, reserved by the Budget before it asks the store.
 func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (budget.Attempt, error) {
+	held := req.Parts() &^ lease.Memory
 	encs := make([]string, len(req.Domains))
 	for i, d := range req.Domains {
 		encs[i] = encodeDomain(d)
@@ -138,7 +144,7 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		// which can only be early, never late. A lost message falls back to
 		// the waiter's next call, which finds the lease.
 		delete(s.wakes, id)
-		s.leases[id] = &heldLease{encs: encs, class: req.Class.Index(), mem: req.MemoryBytes, consumer: req.Consumer, held: req.Parts(), renewed: w.lastCall}
+		s.leases[id] = &heldLease{encs: encs, class: req.Class.Index(), consumer: req.Consumer, held: held, renewed: w.lastCall}
 		s.mu.Unlock()
 		return budget.Attempt{Outcome: budget.Granted, GrantedAgo: s.now().Sub(w.lastCall)}, nil
 	}
@@ -158,7 +164,7 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 	if req.OpensBody {
 		body = 1
 	}
-	args := s.args(id, s.channel, req.Class.Index(), req.MemoryBytes, body, req.Consumer, ms(s.ttl), first)
+	args := s.args(id, s.channel, req.Class.Index(), body, req.Consumer, ms(s.ttl), first)
 	firstArg := len(args) - 1
 	args = append(args, len(encs))
 	for _, e := range encs {
@@ -172,16 +178,13 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		if err != nil {
 			return budget.Attempt{}, err
 		}
-		r, err := decodeAcquire(res, req.MemoryBytes)
+		r, err := decodeAcquire(res)
 		switch {
 		case errors.Is(err, errNotRegistered):
 			if err := s.reregister(ctx); err != nil {
 				return budget.Attempt{}, err
 			}
 			continue
-		case errors.Is(err, budget.ErrNeverAdmissible):
-			s.unwatch(id)
-			return budget.Attempt{}, err
 		case err != nil:
 			return budget.Attempt{}, err
 		}
@@ -189,7 +192,7 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		case budget.Granted:
 			s.unwatch(id)
 			s.mu.Lock()
-			s.leases[id] = &heldLease{encs: encs, class: req.Class.Index(), mem: req.MemoryBytes, consumer: req.Consumer, held: req.Parts(), renewed: sent.Add(-r.age)}
+			s.leases[id] = &heldLease{encs: encs, class: req.Class.Index(), consumer: req.Consumer, held: held, renewed: sent.Add(-r.age)}
 			s.mu.Unlock()
 			return budget.Attempt{Outcome: budget.Granted, GrantedAgo: r.age}, nil
 		case budget.Delayed:
@@ -218,9 +221,10 @@ func (s *Store) Cancel(ctx context.Context, id string) error {
 	return nil
 }
 
-// Retire implements budget.Store.
+// Retire implements budget.Store. The Memory part is not the store's (the
+// Budget returns it to its own line) and is ignored here.
 func (s *Store) Retire(ctx context.Context, id string, parts lease.Parts) error {
-	parts &= lease.All
+	parts &= lease.Request | lease.Body
 	if parts == 0 {
 		return nil
 	}
@@ -344,7 +348,8 @@ func (s *Store) Throttle(ctx context.Context, d budget.Domain, retryAfter time.D
 	return 0, fmt.Errorf("redisstore: throttle: %w: budget config keeps disappearing", budget.ErrUnavailable)
 }
 
-// Usage implements budget.Store.
+// Usage implements budget.Store. MemoryHeld is always 0: Redis holds no
+// memory, and the Budget reports its own.
 func (s *Store) Usage(ctx context.Context) (budget.Usage, error) {
 	res, err := s.run(ctx, "usage", s.sc.usage, s.args()...)
 	if err != nil {

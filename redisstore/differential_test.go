@@ -175,7 +175,9 @@ func newDiffer(t *testing.T, c redis.UniversalClient, seed uint64, opts []rediss
 }
 
 // randomLimits draws limits of every shape: a rate with or without its own
-// burst, in-flight ceilings on some classes, bodies, memory, and mixes.
+// burst, in-flight ceilings on some classes, bodies, and mixes. Memory is
+// not among them: it is each Budget's own, and neither store sees it (the
+// budget package tests the memory line).
 func (d *differ) randomLimits() budget.Limits {
 	for {
 		var l budget.Limits
@@ -196,9 +198,6 @@ func (d *differ) randomLimits() budget.Limits {
 		}
 		if d.rng.IntN(3) == 0 {
 			l.OpenBodies = 1 + d.rng.IntN(3)
-		}
-		if d.rng.IntN(3) == 0 {
-			l.MemoryBytes = int64(100 + d.rng.IntN(900))
 		}
 		if n, err := l.Normalize(); err == nil {
 			return n
@@ -312,14 +311,6 @@ func (d *differ) randomRequest() budget.Request {
 	classes := budget.Classes()
 	req.Class = classes[d.rng.IntN(len(classes))]
 	req.OpensBody = d.rng.IntN(3) == 0
-	switch ceiling := d.limits.MemoryBytes; {
-	case ceiling > 0 && d.rng.IntN(40) == 0:
-		req.MemoryBytes = ceiling + 1 + d.rng.Int64N(100) // never admissible
-	case ceiling > 0 && d.rng.IntN(2) == 0:
-		req.MemoryBytes = 1 + d.rng.Int64N(ceiling*3/5)
-	case ceiling == 0 && d.rng.IntN(4) == 0:
-		req.MemoryBytes = 1 + d.rng.Int64N(1000)
-	}
 	nreq, err := req.Normalize()
 	if err != nil {
 		d.t.Fatalf("Normalize(%+v): %v", req, err)
@@ -332,7 +323,7 @@ func describe(req budget.Request) string {
 	for i, dom := range req.Domains {
 		ids[i] = dom.String()
 	}
-	return fmt.Sprintf("[%s] %s body=%v mem=%d", strings.Join(ids, " "), req.Class, req.OpensBody, req.MemoryBytes)
+	return fmt.Sprintf("[%s] %s body=%v", strings.Join(ids, " "), req.Class, req.OpensBody)
 }
 
 func describeAttempt(a budget.Attempt, err error) string {
@@ -639,7 +630,7 @@ func (d *differ) heartbeat() {
 
 // compareUsage compares the stores' full Usage: per domain, in flight by
 // class, open bodies, rate factor (1e-9), pause (1us) and queue length;
-// memory held and waiters in all.
+// waiters in all.
 func (d *differ) compareUsage() {
 	d.t.Helper()
 	um, em := d.mem.Usage(d.ctx())
@@ -647,7 +638,7 @@ func (d *differ) compareUsage() {
 	if em != nil || er != nil {
 		d.fail("Usage errors: in-process %v, redis %v", em, er)
 	}
-	if um.MemoryHeld != ur.MemoryHeld || um.Waiters != ur.Waiters {
+	if um.Waiters != ur.Waiters {
 		d.fail("usage:\n  in-process %s\n  redis      %s", describeUsage(um), describeUsage(ur))
 	}
 	if len(um.Domains) != len(ur.Domains) {
@@ -668,7 +659,7 @@ func (d *differ) compareUsage() {
 
 func describeUsage(u budget.Usage) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "memory %d waiters %d", u.MemoryHeld, u.Waiters)
+	fmt.Fprintf(&b, "waiters %d", u.Waiters)
 	for _, du := range u.Domains {
 		fmt.Fprintf(&b, " | %s in-flight %v bodies %d factor %.12f paused %v queue %d",
 			du.Domain, du.InFlight, du.OpenBodies, du.RateFactor, du.Paused, du.Waiters)

@@ -32,6 +32,6 @@ func WithTestClock(now func() time.Time) Option { return withClock(now) }
 // decode them.
 var ReplyCodes = map[string]string{
 	"R_OK": replyOK, "R_GRANTED": replyGranted, "R_QUEUED": replyQueued, "R_DELAYED": replyDelayed,
-	"R_NEVER": replyNever, "R_UNREGISTERED": replyUnregistered, "R_CONFLICT": replyConflict,
+	"R_UNREGISTERED": replyUnregistered, "R_CONFLICT": replyConflict,
 	"R_NEW_EPOCH": replyNewEpoch, "R_NO_STATE": replyNoState,
 }

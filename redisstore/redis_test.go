@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
 	"github.com/runbudget/runbudget/internal/redistest"
+	"github.com/runbudget/runbudget/lease"
 	"github.com/runbudget/runbudget/luascripts"
 	"github.com/runbudget/runbudget/redisstore"
 )
@@ -495,21 +497,106 @@ func TestNewRefuses(t *testing.T) {
 	s.Close()
 }
 
+// TestStoreIgnoresMemory: memory is each host's (the Budget keeps its own
+// line), so the Redis store neither stores a memory ceiling nor counts
+// memory. Hosts with different MemoryBytes share one budget without a
+// conflict, a request asking for more memory than any ceiling is granted by
+// the store, retiring only the Memory part returns nothing to Redis, and
+// no memory field or line is written.
+func TestStoreIgnoresMemory(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := within(t, 30*time.Second)
+	name := "nomem"
+	stores := make([]*redisstore.Store, 2)
+	for i, mem := range []int64{10, 1 << 30} {
+		s, err := redisstore.New(c, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		l := slots(1)
+		l.MemoryBytes = mem
+		if err := s.Register(ctx, l, false); err != nil {
+			t.Fatalf("Register with MemoryBytes %d: %v", mem, err)
+		}
+		stores[i] = s
+	}
+	s := stores[0]
+	a := dom("a")
+	req := get(a)
+	req.MemoryBytes = 1 << 40
+	if at, err := s.TryAcquire(ctx, "w1", req); err != nil || at.Outcome != budget.Granted {
+		t.Fatalf("TryAcquire with memory above every ceiling = %+v, %v, want granted", at, err)
+	}
+	inFlight := func() int {
+		t.Helper()
+		u, err := s.Usage(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u.MemoryHeld != 0 {
+			t.Errorf("Usage.MemoryHeld = %d from the Redis store, want 0", u.MemoryHeld)
+		}
+		for _, du := range u.Domains {
+			if du.Domain == a {
+				return du.InFlight[budget.OpGet]
+			}
+		}
+		return 0
+	}
+	if n := inFlight(); n != 1 {
+		t.Fatalf("in flight after the grant = %d, want 1", n)
+	}
+	p := "rb:{" + hex.EncodeToString([]byte(name)) + "}:"
+	if v := c.HMGet(ctx, p+"cfg", "mem", "memheld").Val(); v[0] != nil || v[1] != nil {
+		t.Errorf("config holds memory fields: mem=%v memheld=%v", v[0], v[1])
+	}
+	if c.HExists(ctx, p+"l:w1", "m").Val() || c.HExists(ctx, p+"l:w1", "hm").Val() {
+		t.Errorf("lease hash holds memory fields: %v", c.HGetAll(ctx, p+"l:w1").Val())
+	}
+	if err := s.Retire(ctx, "w1", lease.Memory); err != nil {
+		t.Fatalf("Retire(Memory): %v", err)
+	}
+	if n := inFlight(); n != 1 {
+		t.Fatalf("in flight after retiring only memory = %d, want 1 (the slot is still held)", n)
+	}
+	if err := s.Retire(ctx, "w1", lease.All); err != nil {
+		t.Fatalf("Retire(All): %v", err)
+	}
+	if n := inFlight(); n != 0 {
+		t.Fatalf("in flight after Retire(All) = %d, want 0", n)
+	}
+	for _, k := range budgetKeys(t, c, name) {
+		if strings.HasSuffix(k, ":memq") {
+			t.Errorf("memory line key %q written", k)
+		}
+	}
+}
+
 // TestScriptArgumentsValidated sends malformed numbers straight to the
 // scripts: Lua's tonumber accepts "nan", "inf", hex and padding, and a NaN
-// comparison would admit. Each must be refused before anything is written.
+// comparison would admit. Each must be refused before anything is written,
+// and the same call with its arguments well formed must then succeed (so a
+// refusal is for the argument tested, not for the call as a whole). A parts
+// value with the old memory bit is refused too: memory never reaches the
+// scripts.
 func TestScriptArgumentsValidated(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	b := open(t, c, "args", slots(1), time.Second)
+	ctx := context.Background()
 	cfg := "rb:{" + hex.EncodeToString([]byte("args")) + "}:cfg"
-	before := c.Keys(context.Background(), "rb:*").Val()
+	before := c.Keys(ctx, "rb:*").Val()
 	src := luascripts.Source("acquire")
+	// ARGV: publish, idle, clock (Redis TIME), id, channel, class, body,
+	// consumer, ttl, first call, domain count, domain.
+	good := []any{"PUBLISH", "60000", "", "w1", "proc", "2", "0", "c", "1000", "1", "1", "1.61"}
 	for _, bad := range []string{"nan", "inf", "-inf", "0x10", " 1", "1e3", "", "1.5"} {
-		for _, pos := range []int{5, 6, 9} { // class, memory, ttl
-			args := []any{"PUBLISH", "60000", "w1", "proc", "2", "0", "0", "c", "1000", "1", "1", "1.61"}
+		for _, pos := range []int{6, 7, 9} { // class, body, ttl
+			args := slices.Clone(good)
 			args[pos-1] = bad
-			err := c.Eval(context.Background(), src, []string{cfg}, args...).Err()
+			err := c.Eval(ctx, src, []string{cfg}, args...).Err()
 			if err == nil || !strings.Contains(err.Error(), "RBINVAL") {
 				t.Errorf("acquire with ARGV[%d]=%q: %v, want RBINVAL", pos, bad, err)
 			}
@@ -517,16 +604,32 @@ func TestScriptArgumentsValidated(t *testing.T) {
 	}
 	tsrc := luascripts.Source("throttle")
 	for _, bad := range []string{"nan", "inf", "-1", "0x10"} {
-		err := c.Eval(context.Background(), tsrc, []string{cfg}, "PUBLISH", "60000", "1.61", bad).Err()
+		err := c.Eval(ctx, tsrc, []string{cfg}, "PUBLISH", "60000", "", "1.61", bad, "1000").Err()
 		if err == nil || !strings.Contains(err.Error(), "RBINVAL") {
 			t.Errorf("throttle with retry-after %q: %v, want RBINVAL", bad, err)
 		}
 	}
-	if after := c.Keys(context.Background(), "rb:*").Val(); len(after) != len(before) {
+	rsrc := luascripts.Source("retire")
+	for _, bad := range []string{"0", "4", "5", "7", "8"} {
+		err := c.Eval(ctx, rsrc, []string{cfg}, "PUBLISH", "60000", "", "w1", bad).Err()
+		if err == nil || !strings.Contains(err.Error(), "RBINVAL") {
+			t.Errorf("retire with parts %q: %v, want RBINVAL", bad, err)
+		}
+	}
+	if after := c.Keys(ctx, "rb:*").Val(); len(after) != len(before) {
 		t.Errorf("refused calls wrote keys: %v -> %v", before, after)
 	}
 	if u := usage(t, b); u.Waiters != 0 || len(u.Domains) != 0 {
 		t.Errorf("refused calls changed usage: %+v", u)
+	}
+	if res, err := c.Eval(ctx, src, []string{cfg}, good...).StringSlice(); err != nil || len(res) == 0 || res[0] != "1" {
+		t.Errorf("acquire with good arguments = %q, %v, want granted", res, err)
+	}
+	if err := c.Eval(ctx, rsrc, []string{cfg}, "PUBLISH", "60000", "", "w1", "1").Err(); err != nil {
+		t.Errorf("retire with good arguments: %v", err)
+	}
+	if err := c.Eval(ctx, tsrc, []string{cfg}, "PUBLISH", "60000", "", "1.61", "0", "1000").Err(); err != nil {
+		t.Errorf("throttle with good arguments: %v", err)
 	}
 }
 

@@ -19,7 +19,6 @@ const (
 	replyGranted      = "1"  // R_GRANTED: acquire granted; the grant's age in us
 	replyQueued       = "2"  // R_QUEUED: acquire queued; wait for a wake event
 	replyDelayed      = "3"  // R_DELAYED: acquire held back by time; the wait in us
-	replyNever        = "-1" // R_NEVER: memory above the run's ceiling; the ceiling
 	replyUnregistered = "-2" // R_UNREGISTERED: the budget's config is missing
 	replyConflict     = "-3" // R_CONFLICT: register found other limits; their JSON
 	replyNewEpoch     = "-3" // R_NEW_EPOCH: heartbeat found a new epoch; the epoch
@@ -74,9 +73,8 @@ type acquireReply struct {
 }
 
 // decodeAcquire decodes acquire.lua's reply. errNotRegistered means the
-// config is missing; a request of mem bytes above the run's memory ceiling
-// gives an error wrapping budget.ErrNeverAdmissible.
-func decodeAcquire(res []string, mem int64) (acquireReply, error) {
+// config is missing.
+func decodeAcquire(res []string) (acquireReply, error) {
 	us := func(i int, min int64) (time.Duration, bool) {
 		v, err := strconv.ParseInt(res[i], 10, 64)
 		return time.Duration(v) * time.Microsecond, err == nil && v >= min
@@ -92,9 +90,6 @@ func decodeAcquire(res []string, mem int64) (acquireReply, error) {
 		if wait, ok := us(1, 1); ok {
 			return acquireReply{outcome: budget.Delayed, wait: wait}, nil
 		}
-	case c == replyNever && n == 2:
-		return acquireReply{}, fmt.Errorf("%w: %d bytes of memory asked, the run's ceiling is %s",
-			budget.ErrNeverAdmissible, mem, res[1])
 	case c == replyUnregistered && n == 1:
 		return acquireReply{}, errNotRegistered
 	}
@@ -179,7 +174,7 @@ func decodeInspect(res []string) (string, error) {
 }
 
 // decodeUsage decodes usage.lua's reply. errNotRegistered means nothing is
-// stored.
+// stored. MemoryHeld stays 0: memory is each host's, not Redis's.
 func decodeUsage(res []string) (budget.Usage, error) {
 	switch c, n := code(res); {
 	case c == replyUnregistered && n == 1:
@@ -189,7 +184,7 @@ func decodeUsage(res []string) (budget.Usage, error) {
 	}
 	res = res[1:]
 	const row = budget.NumClasses + 5 // enc, counts by class, bodies, factor, pause, queue
-	if len(res) < 2 || (len(res)-2)%row != 0 {
+	if len(res) < 1 || (len(res)-1)%row != 0 {
 		return budget.Usage{}, fmt.Errorf("redisstore: usage: malformed reply of %d fields", len(res))
 	}
 	var u budget.Usage
@@ -197,13 +192,10 @@ func decodeUsage(res []string) (budget.Usage, error) {
 	bad := func(what string) (budget.Usage, error) {
 		return budget.Usage{}, fmt.Errorf("redisstore: usage: malformed %s", what)
 	}
-	if u.MemoryHeld, err = strconv.ParseInt(res[0], 10, 64); err != nil {
-		return bad("memory")
-	}
-	if u.Waiters, err = strconv.Atoi(res[1]); err != nil {
+	if u.Waiters, err = strconv.Atoi(res[0]); err != nil {
 		return bad("waiter count")
 	}
-	for r := res[2:]; len(r) >= row; r = r[row:] {
+	for r := res[1:]; len(r) >= row; r = r[row:] {
 		d, err := decodeDomain(r[0])
 		if err != nil {
 			return budget.Usage{}, err

@@ -78,7 +78,6 @@ type Store struct {
 type heldLease struct {
 	encs     []string
 	class    int
-	mem      int64
 	consumer string
 	held     lease.Parts
 	// renewed is no later than when Redis last set the idle TTL of the

@@ -18,12 +18,11 @@ func TestRenderInspection(t *testing.T) {
 	d := budget.Domain{Version: 2, ID: "evil\x1b[2J\nline"}
 	in := redisstore.Inspection{
 		Name: "b\x1b]0;title\a", Now: now, Created: now.Add(-90 * time.Second),
-		Limits:     budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 4}, MemoryBytes: 64 << 20},
-		MemoryHeld: 3 << 20,
+		Limits: budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 4}, MemoryBytes: 64 << 20},
 		Domains: []redisstore.DomainState{{Domain: d, InFlight: map[budget.OpClass]int{budget.OpGet: 3}, OpenBodies: 1,
 			RateFactor: 0.5, Throttled: true, Paused: 1500 * time.Millisecond, Waiters: 2}},
 		Leases: []redisstore.LeaseState{{ID: "l1", Consumer: "host\x1b[31m", Domains: []budget.Domain{d}, Class: budget.OpGet,
-			Memory: 1 << 20, Parts: "body+memory", Age: 2500 * time.Millisecond, ExpiresIn: 12 * time.Second}},
+			Parts: "body+memory", Age: 2500 * time.Millisecond, ExpiresIn: 12 * time.Second}},
 		Truncated: true,
 	}
 	var buf bytes.Buffer
