@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -57,14 +58,61 @@ func (a *Admin) scripts(ctx context.Context) (*scriptSet, error) {
 	return a.sc, nil
 }
 
-func (a *Admin) run(ctx context.Context, name, op string, pick func(*scriptSet) *redis.Script, own ...any) ([]string, error) {
+// groups returns the config keys of every group budget name may have: its
+// one group if it is unsharded, and every shard group its registry lists.
+// Scripts run on a key whose group is gone report no config, which callers
+// skip.
+func (a *Admin) groups(ctx context.Context, name string) ([]string, error) {
+	keys, err := listGroups(ctx, a.client, name, adminIdle, nil)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("redisstore: listing shard groups: %w: %v", budget.ErrUnavailable, err)
+	}
+	out := []string{keyPrefix(name) + "cfg"}
+	for _, k := range keys {
+		out = append(out, groupPrefix(name, true, k)+"cfg")
+	}
+	return out, nil
+}
+
+// eachGroup runs fn on every group of budget name, side by side, and returns
+// the first error other than a group that is gone; found reports whether
+// any group exists.
+func (a *Admin) eachGroup(ctx context.Context, name string, fn func(cfgKey string) error) (found bool, err error) {
+	keys, err := a.groups(ctx, name)
+	if err != nil {
+		return false, err
+	}
+	gs := make([]*group, len(keys))
+	for i, k := range keys {
+		gs[i] = &group{keys: []string{k}}
+	}
+	var mu sync.Mutex
+	err = eachGroup(gs, func(g *group) error {
+		err := fn(g.keys[0])
+		if errors.Is(err, errNotRegistered) {
+			return nil
+		}
+		if err == nil {
+			mu.Lock()
+			found = true
+			mu.Unlock()
+		}
+		return err
+	})
+	return found, err
+}
+
+func (a *Admin) run(ctx context.Context, cfgKey, op string, pick func(*scriptSet) *redis.Script, own ...any) ([]string, error) {
 	set, err := a.scripts(ctx)
 	if err != nil {
 		return nil, err
 	}
 	sc := pick(set)
 	args := commonArgs(pubCommand(a.client), adminIdle, nil, own...)
-	res, err := sc.Run(ctx, a.client, []string{keyPrefix(name) + "cfg"}, args...).StringSlice()
+	res, err := sc.Run(ctx, a.client, []string{cfgKey}, args...).StringSlice()
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -85,6 +133,7 @@ func noBudget(name string, err error) error {
 // BudgetSummary is one line of List.
 type BudgetSummary struct {
 	Name    string `json:"name"`
+	Groups  int    `json:"groups"` // 1 for an unsharded budget
 	Domains int    `json:"domains"`
 	Leases  int    `json:"leases"`
 	Waiters int    `json:"waiters"`
@@ -110,13 +159,13 @@ func (a *Admin) List(ctx context.Context) ([]BudgetSummary, error) {
 	if err := eachServer(ctx, a.client, scan); err != nil {
 		return nil, fmt.Errorf("redisstore: listing budgets: %w: %v", budget.ErrUnavailable, err)
 	}
-	var out []BudgetSummary
+	byName := make(map[string]*BudgetSummary)
 	for _, k := range keys {
-		name, ok := budgetName(k)
+		name, _, _, ok := parseGroupKey(k)
 		if !ok {
 			continue
 		}
-		p := keyPrefix(name)
+		p := strings.TrimSuffix(k, "cfg")
 		pipe := a.client.Pipeline()
 		doms := pipe.ZCard(ctx, p+"doms")
 		leases := pipe.ZCard(ctx, p+"lexp")
@@ -124,7 +173,19 @@ func (a *Admin) List(ctx context.Context) ([]BudgetSummary, error) {
 		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 			return nil, fmt.Errorf("redisstore: listing budgets: %w: %v", budget.ErrUnavailable, err)
 		}
-		out = append(out, BudgetSummary{Name: name, Domains: int(doms.Val()), Leases: int(leases.Val()), Waiters: int(waiters.Val())})
+		b := byName[name]
+		if b == nil {
+			b = &BudgetSummary{Name: name}
+			byName[name] = b
+		}
+		b.Groups++
+		b.Domains += int(doms.Val())
+		b.Leases += int(leases.Val())
+		b.Waiters += int(waiters.Val())
+	}
+	out := make([]BudgetSummary, 0, len(byName))
+	for _, b := range byName {
+		out = append(out, *b)
 	}
 	slices.SortFunc(out, func(x, y BudgetSummary) int { return strings.Compare(x.Name, y.Name) })
 	return out, nil
@@ -140,6 +201,7 @@ type Inspection struct {
 	Leases    []LeaseState  `json:"leases"`
 	Waiters   []WaiterState `json:"waiters"`
 	Truncated bool          `json:"truncated,omitempty"` // more leases or waiters than listed
+	Groups    int           `json:"groups"`              // shard groups found (1 when unsharded)
 }
 
 // DomainState is one domain of an Inspection.
@@ -180,23 +242,67 @@ type WaiterState struct {
 	ExpiresIn time.Duration   `json:"expires_in"`
 }
 
-// Inspect reads a whole budget in one script call: limits, every domain's
-// counts, bucket, factor, pause and queue, and up to most
-// leases and waiters (0 means 1000), oldest expiry first.
+// Inspect reads a whole budget, one script call per group (side by side):
+// limits, every domain's counts, bucket, factor, pause and queue, and up to
+// most leases and waiters (0 means 1000), oldest expiry first. Each group's
+// part is one instant of its master's time; Now is the latest of them.
 func (a *Admin) Inspect(ctx context.Context, name string, most int) (Inspection, error) {
 	if most <= 0 {
 		most = 1000
 	}
 	most = min(most, 999999)
+	var (
+		mu  sync.Mutex
+		all = Inspection{Name: name}
+	)
+	found, err := a.eachGroup(ctx, name, func(cfgKey string) error {
+		in, err := a.inspectGroup(ctx, cfgKey, name, most)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if all.Groups == 0 || in.Created.Before(all.Created) {
+			all.Created, all.Limits = in.Created, in.Limits
+		}
+		all.Groups++
+		if in.Now.After(all.Now) {
+			all.Now = in.Now
+		}
+		all.Domains = append(all.Domains, in.Domains...)
+		all.Leases = append(all.Leases, in.Leases...)
+		all.Waiters = append(all.Waiters, in.Waiters...)
+		all.Truncated = all.Truncated || in.Truncated
+		return nil
+	})
+	if err != nil {
+		return Inspection{}, err
+	}
+	if !found {
+		return Inspection{}, fmt.Errorf("%w: %q", ErrNoBudget, name)
+	}
+	sortStates(all.Domains)
+	slices.SortFunc(all.Leases, func(x, y LeaseState) int { return cmp.Compare(x.ExpiresIn, y.ExpiresIn) })
+	slices.SortFunc(all.Waiters, func(x, y WaiterState) int { return cmp.Compare(y.Waiting, x.Waiting) })
+	if len(all.Leases) > most || len(all.Waiters) > most {
+		all.Truncated = true
+		all.Leases = all.Leases[:min(len(all.Leases), most)]
+		all.Waiters = all.Waiters[:min(len(all.Waiters), most)]
+	}
+	return all, nil
+}
+
+// inspectGroup inspects one group (errNotRegistered when it is gone).
+func (a *Admin) inspectGroup(ctx context.Context, cfgKey, name string, most int) (Inspection, error) {
 	// One more than asked: whether there are more than most is then known,
 	// not guessed from a full page.
-	res, err := a.run(ctx, name, "inspect", func(s *scriptSet) *redis.Script { return s.inspect }, most+1)
+	res, err := a.run(ctx, cfgKey, "inspect", func(s *scriptSet) *redis.Script { return s.inspect }, most+1)
 	if err != nil {
 		return Inspection{}, err
 	}
 	doc, err := decodeInspect(res)
 	if err != nil {
-		return Inspection{}, noBudget(name, err)
+		return Inspection{}, err
 	}
 	var raw struct {
 		Now, Epoch, Limits string
@@ -261,12 +367,56 @@ func (a *Admin) Throttle(ctx context.Context, name string, d budget.Domain, retr
 	if retryAfter < 0 {
 		return fmt.Errorf("%w: negative retry-after", budget.ErrInvalidRequest)
 	}
-	res, err := a.run(ctx, name, "throttle", func(s *scriptSet) *redis.Script { return s.throttle }, encodeDomain(d), strconv.FormatInt(retryAfter.Microseconds(), 10), ms(DefaultLeaseTTL))
+	cfgKey, err := a.groupOfDomain(ctx, name, d)
+	if err != nil {
+		return err
+	}
+	res, err := a.run(ctx, cfgKey, "throttle", func(s *scriptSet) *redis.Script { return s.throttle }, encodeDomain(d), strconv.FormatInt(retryAfter.Microseconds(), 10), ms(DefaultLeaseTTL))
 	if err != nil {
 		return err
 	}
 	_, err = decodeThrottle(res)
 	return noBudget(name, err)
+}
+
+// groupOfDomain finds the group of budget name that holds domain d. Admin
+// does not know the hosts' shard key, so it looks: the group whose domains
+// include d, or else the budget's only group. A sharded budget whose groups
+// do not hold d (unused, or idle long enough to expire) cannot say where d
+// belongs: that is an error naming the domain.
+func (a *Admin) groupOfDomain(ctx context.Context, name string, d budget.Domain) (string, error) {
+	keys, err := a.groups(ctx, name)
+	if err != nil {
+		return "", err
+	}
+	enc := encodeDomain(d)
+	pipe := a.client.Pipeline()
+	held := make([]*redis.FloatCmd, len(keys))
+	exists := make([]*redis.IntCmd, len(keys))
+	for i, k := range keys {
+		p := strings.TrimSuffix(k, "cfg")
+		held[i] = pipe.ZScore(ctx, p+"doms", enc)
+		exists[i] = pipe.Exists(ctx, k)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return "", fmt.Errorf("redisstore: finding the group of %s: %w: %v", d, budget.ErrUnavailable, err)
+	}
+	var live []string
+	for i, k := range keys {
+		if held[i].Err() == nil {
+			return k, nil
+		}
+		if exists[i].Val() == 1 {
+			live = append(live, k)
+		}
+	}
+	switch len(live) {
+	case 0:
+		return "", fmt.Errorf("%w: %q", ErrNoBudget, name)
+	case 1:
+		return live[0], nil
+	}
+	return "", fmt.Errorf("redisstore: budget %q has %d shard groups and none holds %s: a domain's group is known once a host has used it", name, len(live), d)
 }
 
 // ResetThrottle clears d's throttle state (factor back to 1, no pause). It
@@ -275,7 +425,11 @@ func (a *Admin) ResetThrottle(ctx context.Context, name string, d budget.Domain)
 	if err := d.Validate(); err != nil {
 		return false, err
 	}
-	res, err := a.run(ctx, name, "reset", func(s *scriptSet) *redis.Script { return s.reset }, encodeDomain(d))
+	cfgKey, err := a.groupOfDomain(ctx, name, d)
+	if err != nil {
+		return false, err
+	}
+	res, err := a.run(ctx, cfgKey, "reset", func(s *scriptSet) *redis.Script { return s.reset }, encodeDomain(d))
 	if err != nil {
 		return false, err
 	}
@@ -299,7 +453,13 @@ func (a *Admin) ReplaceLimits(ctx context.Context, name string, l budget.Limits)
 	}
 	s := baseStore(a.client, name)
 	s.sc, s.idle = set, adminIdle
-	return s.Register(ctx, nl, true)
+	_, err = a.eachGroup(ctx, name, func(cfgKey string) error {
+		if n, _ := a.client.Exists(ctx, cfgKey).Result(); n == 0 {
+			return errNotRegistered // gone: do not bring it back
+		}
+		return s.register(ctx, &group{keys: []string{cfgKey}}, nl, true, false)
+	})
+	return err
 }
 
 // DropLeases returns, at once, the leases of consumer (or every lease when
@@ -312,12 +472,25 @@ func (a *Admin) DropLeases(ctx context.Context, name, consumer string, all bool)
 	if all {
 		flag = 1
 	}
-	res, err := a.run(ctx, name, "drop", func(s *scriptSet) *redis.Script { return s.drop }, consumer, flag)
-	if err != nil {
-		return 0, err
+	var (
+		mu    sync.Mutex
+		total int
+	)
+	found, err := a.eachGroup(ctx, name, func(cfgKey string) error {
+		res, err := a.run(ctx, cfgKey, "drop", func(s *scriptSet) *redis.Script { return s.drop }, consumer, flag)
+		if err != nil {
+			return err
+		}
+		n, err := decodeCount("drop", res)
+		mu.Lock()
+		total += n
+		mu.Unlock()
+		return err
+	})
+	if err == nil && !found {
+		err = fmt.Errorf("%w: %q", ErrNoBudget, name)
 	}
-	n, err := decodeCount("drop", res)
-	return n, noBudget(name, err)
+	return total, err
 }
 
 // luaList decodes a JSON array, and also the "{}" that Lua's cjson writes

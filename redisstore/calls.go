@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/runbudget/runbudget/budget"
@@ -19,13 +20,25 @@ import (
 // memory is each host's own (the Budget keeps its line), and Redis stores
 // only the shared ceilings; the limits a conflict compares are the JSON of
 // l without it.
+//
+// An unsharded budget registers in its one group. A sharded one registers
+// in every group the registry lists, so a conflict with any of them is
+// found now; a group first used later registers (or is checked) then.
 func (s *Store) Register(ctx context.Context, l budget.Limits, replace bool) error {
-	return s.register(ctx, l, replace, false)
+	s.mu.Lock()
+	s.limits, s.replace = l, replace
+	s.mu.Unlock()
+	gs, err := s.knownGroups(ctx)
+	if err != nil {
+		return err
+	}
+	return eachGroup(gs, func(g *group) error { return s.register(ctx, g, l, replace, false) })
 }
 
-// register stores l. lost says this store held state under an epoch that
-// Redis no longer has: a budget created now starts under quarantine.
-func (s *Store) register(ctx context.Context, l budget.Limits, replace, lost bool) error {
+// register stores l in group g. lost says this store held state under an
+// epoch that Redis no longer has: a group created now starts under
+// quarantine.
+func (s *Store) register(ctx context.Context, g *group, l budget.Limits, replace, lost bool) error {
 	l.MemoryBytes = 0
 	js, err := json.Marshal(l) // map keys sorted: canonical
 	if err != nil {
@@ -36,7 +49,7 @@ func (s *Store) register(ctx context.Context, l budget.Limits, replace, lost boo
 	for _, c := range budget.Classes() {
 		args = append(args, l.InFlight[c])
 	}
-	res, err := s.run(ctx, "register", s.sc.register, args...)
+	res, err := s.run(ctx, g, "register", s.sc.register, args...)
 	if err != nil {
 		return err
 	}
@@ -45,9 +58,8 @@ func (s *Store) register(ctx context.Context, l budget.Limits, replace, lost boo
 		return err
 	}
 	s.mu.Lock()
-	s.limits = l
-	if s.epoch == "" {
-		s.epoch = epoch
+	if g.epoch == "" {
+		g.epoch = epoch
 	}
 	s.mu.Unlock()
 	return nil
@@ -60,25 +72,30 @@ func flag(b bool) int {
 	return 0
 }
 
-// reregister stores the limits again after Redis lost the budget's config
+// reregister stores the limits again after Redis lost a group's config
 // (a restart without persistence, a failover that lost writes): the first
-// host to notice starts the budget anew under a quarantine of one lease
-// TTL, and every host puts back the leases it still holds.
-func (s *Store) reregister(ctx context.Context) error {
+// host to notice starts the group anew under a quarantine of one lease
+// TTL, and every host puts back the leases it still holds there. A group
+// this store never saw registered is not lost, only new: it is registered
+// plainly.
+func (s *Store) reregister(ctx context.Context, g *group) error {
 	s.mu.Lock()
-	l := s.limits
+	l, replace, lost := s.limits, s.replace, g.epoch != ""
 	s.mu.Unlock()
-	if err := s.register(ctx, l, false, true); err != nil {
+	if !lost {
+		return s.register(ctx, g, l, replace, false)
+	}
+	if err := s.register(ctx, g, l, false, true); err != nil {
 		return err
 	}
-	return s.reassert(ctx, "")
+	return s.reassert(ctx, g, "")
 }
 
-// reassert puts this process's leases back into Redis after the budget's
-// epoch changed, then records the new epoch (empty: read it from Redis).
-// Until it succeeds the old epoch stays, so the next heartbeat tries again
-// rather than declaring the leases lost.
-func (s *Store) reassert(ctx context.Context, epoch string) error {
+// reassert puts this process's leases in group g back into Redis after the
+// group's epoch changed, then records the new epoch (empty: read it from
+// Redis). Until it succeeds the old epoch stays, so the next heartbeat
+// tries again rather than declaring the leases lost.
+func (s *Store) reassert(ctx context.Context, g *group, epoch string) error {
 	s.reasserting.Lock()
 	defer s.reasserting.Unlock()
 	s.mu.Lock()
@@ -88,7 +105,9 @@ func (s *Store) reassert(ctx context.Context, epoch string) error {
 	}
 	all := make([]one, 0, len(s.leases))
 	for id, h := range s.leases {
-		all = append(all, one{id, *h})
+		if h.g == g {
+			all = append(all, one{id, *h})
+		}
 	}
 	s.mu.Unlock()
 	const chunk = 500
@@ -101,7 +120,7 @@ func (s *Store) reassert(ctx context.Context, epoch string) error {
 				args = append(args, e)
 			}
 		}
-		res, err := s.run(ctx, "reassert", s.sc.reassert, args...)
+		res, err := s.run(ctx, g, "reassert", s.sc.reassert, args...)
 		if err != nil {
 			return err
 		}
@@ -115,21 +134,27 @@ func (s *Store) reassert(ctx context.Context, epoch string) error {
 		}
 	}
 	if epoch == "" {
-		e, err := s.client.HGet(ctx, s.keys[0], "epoch").Result()
+		e, err := s.client.HGet(ctx, g.keys[0], "epoch").Result()
 		if err != nil {
 			return s.classify(ctx, "reassert", err)
 		}
 		epoch = e
 	}
 	s.mu.Lock()
-	s.epoch = epoch
+	g.epoch = epoch
 	s.mu.Unlock()
 	return nil
 }
 
 // TryAcquire implements budget.Store. A request's MemoryBytes is ignored:
 // memory is the host's, reserved by the Budget before it asks the store.
+// With WithShardKey, a request whose domains fall in two groups is refused
+// with an error wrapping budget.ErrInvalidRequest.
 func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (budget.Attempt, error) {
+	g, err := s.groupOf(ctx, req.Domains)
+	if err != nil {
+		return budget.Attempt{}, err
+	}
 	held := req.Parts() &^ lease.Memory
 	encs := make([]string, len(req.Domains))
 	for i, d := range req.Domains {
@@ -144,7 +169,7 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		// which can only be early, never late. A lost message falls back to
 		// the waiter's next call, which finds the lease.
 		delete(s.wakes, id)
-		s.leases[id] = &heldLease{encs: encs, class: req.Class.Index(), consumer: req.Consumer, held: held, renewed: w.lastCall}
+		s.leases[id] = &heldLease{g: g, encs: encs, class: req.Class.Index(), consumer: req.Consumer, held: held, renewed: w.lastCall}
 		s.mu.Unlock()
 		return budget.Attempt{Outcome: budget.Granted, GrantedAgo: s.now().Sub(w.lastCall)}, nil
 	}
@@ -153,10 +178,11 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		// No call was ever sent for this id: the script need not look for
 		// a lease or a waiter of it.
 		first = 1
-		w = &waiting{wake: make(chan struct{}, 1)}
+		w = &waiting{g: g, wake: make(chan struct{}, 1)}
 		s.wakes[id] = w
 	}
 	w.lastCall = s.now()
+	g.used = w.lastCall
 	sent := w.lastCall
 	wake := w.wake
 	s.mu.Unlock()
@@ -164,7 +190,7 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 	if req.OpensBody {
 		body = 1
 	}
-	args := s.args(id, s.channel, req.Class.Index(), body, req.Consumer, ms(s.ttl), first)
+	args := s.args(id, s.proc, req.Class.Index(), body, req.Consumer, ms(s.ttl), first)
 	firstArg := len(args) - 1
 	args = append(args, len(encs))
 	for _, e := range encs {
@@ -174,14 +200,14 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		if try > 0 {
 			args[firstArg] = 0 // the first call went out: no longer a first call
 		}
-		res, err := s.run(ctx, "acquire", s.sc.acquire, args...)
+		res, err := s.run(ctx, g, "acquire", s.sc.acquire, args...)
 		if err != nil {
 			return budget.Attempt{}, err
 		}
 		r, err := decodeAcquire(res)
 		switch {
 		case errors.Is(err, errNotRegistered):
-			if err := s.reregister(ctx); err != nil {
+			if err := s.reregister(ctx, g); err != nil {
 				return budget.Attempt{}, err
 			}
 			continue
@@ -192,7 +218,7 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		case budget.Granted:
 			s.unwatch(id)
 			s.mu.Lock()
-			s.leases[id] = &heldLease{encs: encs, class: req.Class.Index(), consumer: req.Consumer, held: held, renewed: sent.Add(-r.age)}
+			s.leases[id] = &heldLease{g: g, encs: encs, class: req.Class.Index(), consumer: req.Consumer, held: held, renewed: sent.Add(-r.age)}
 			s.mu.Unlock()
 			return budget.Attempt{Outcome: budget.Granted, GrantedAgo: r.age}, nil
 		case budget.Delayed:
@@ -203,12 +229,34 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 	return budget.Attempt{}, fmt.Errorf("redisstore: acquire: %w: budget config keeps disappearing", budget.ErrUnavailable)
 }
 
+// groupOfID returns the group where this process placed waiter or lease
+// id: the one group of an unsharded budget, or nil for an ID this store
+// never sent, which has nothing in Redis to cancel or retire.
+func (s *Store) groupOfID(id string) *group {
+	if s.single != nil {
+		return s.single
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w := s.wakes[id]; w != nil {
+		return w.g
+	}
+	if h := s.leases[id]; h != nil {
+		return h.g
+	}
+	return nil
+}
+
 // Cancel implements budget.Store.
 func (s *Store) Cancel(ctx context.Context, id string) error {
 	s.reasserting.RLock()
 	defer s.reasserting.RUnlock()
+	g := s.groupOfID(id)
 	s.unwatch(id)
-	res, err := s.run(ctx, "cancel", s.sc.cancel, s.args(id)...)
+	if g == nil {
+		return nil
+	}
+	res, err := s.run(ctx, g, "cancel", s.sc.cancel, s.args(id)...)
 	if err == nil {
 		err = decodeOK("cancel", res)
 	}
@@ -230,13 +278,17 @@ func (s *Store) Retire(ctx context.Context, id string, parts lease.Parts) error 
 	}
 	s.reasserting.RLock()
 	defer s.reasserting.RUnlock()
+	g := s.groupOfID(id)
+	if g == nil {
+		return nil
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		// Leases retire with a background context: bound the call here.
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, lease.RetireTimeout)
 		defer cancel()
 	}
-	res, err := s.run(ctx, "retire", s.sc.retire, s.args(id, int(parts))...)
+	res, err := s.run(ctx, g, "retire", s.sc.retire, s.args(id, int(parts))...)
 	if err == nil {
 		err = decodeOK("retire", res)
 	}
@@ -253,12 +305,66 @@ func (s *Store) Retire(ctx context.Context, id string, parts lease.Parts) error 
 	return nil
 }
 
-// Heartbeat implements budget.Store: one script call renews every listed
-// lease and keeps the hashes of their domains alive.
+// Heartbeat implements budget.Store: one script call per group renews
+// every listed lease there and keeps the hashes of their domains alive
+// (the calls to different groups run side by side). It also lists again,
+// in one call, the groups whose registry entry is due (a quarter of the
+// idle TTL old) and that this process used since.
 func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
+	start := s.now()
+	byGroup := make(map[*group][]string)
+	var due []*group
+	s.mu.Lock()
+	for _, id := range ids {
+		if h := s.leases[id]; h != nil {
+			byGroup[h.g] = append(byGroup[h.g], id)
+		}
+	}
+	for _, g := range s.groups {
+		if start.Sub(g.listed) > s.idle/4 && g.used.After(g.listed) {
+			due = append(due, g)
+		}
+		if _, ok := byGroup[g]; ok && start.Sub(g.listed) > s.idle/4 && !g.used.After(g.listed) {
+			due = append(due, g) // its leases are in use even without new calls
+		}
+	}
+	s.mu.Unlock()
+	if len(due) > 0 {
+		if err := s.list(ctx, due...); err != nil {
+			return nil, err
+		}
+	}
+	gs := make([]*group, 0, len(byGroup))
+	for g := range byGroup {
+		gs = append(gs, g)
+	}
+	var (
+		mu      sync.Mutex
+		missing []string
+	)
+	// An ID this store does not hold (released meanwhile) is missing.
+	for _, id := range ids {
+		s.mu.Lock()
+		_, ok := s.leases[id]
+		s.mu.Unlock()
+		if !ok {
+			missing = append(missing, id)
+		}
+	}
+	err := eachGroup(gs, func(g *group) error {
+		m, err := s.beat(ctx, g, byGroup[g], start)
+		mu.Lock()
+		missing = append(missing, m...)
+		mu.Unlock()
+		return err
+	})
+	return missing, err
+}
+
+// beat renews the leases ids of group g, as Heartbeat does for one group.
+func (s *Store) beat(ctx context.Context, g *group, ids []string, start time.Time) ([]string, error) {
 	seen := make(map[string]struct{})
 	var encs, renew []string
-	start := s.now()
 	s.mu.Lock()
 	for _, id := range ids {
 		if h := s.leases[id]; h != nil {
@@ -277,7 +383,7 @@ func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
 	var missing []string
 	for attempt := 0; ; attempt++ {
 		s.mu.Lock()
-		epoch := s.epoch
+		epoch := g.epoch
 		s.mu.Unlock()
 		args := s.args(ms(s.ttl), len(ids))
 		for _, id := range ids {
@@ -292,7 +398,7 @@ func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
 			args = append(args, id)
 		}
 		args = append(args, epoch)
-		res, err := s.run(ctx, "heartbeat", s.sc.heartbeat, args...)
+		res, err := s.run(ctx, g, "heartbeat", s.sc.heartbeat, args...)
 		if err != nil {
 			return nil, err
 		}
@@ -305,10 +411,10 @@ func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
 			return nil, fmt.Errorf("redisstore: heartbeat: %w: the budget's epoch keeps changing", budget.ErrUnavailable)
 		}
 		switch {
-		case errors.Is(err, errNotRegistered): // Redis lost the budget
-			err = s.reregister(ctx)
+		case errors.Is(err, errNotRegistered): // Redis lost the group
+			err = s.reregister(ctx, g)
 		case err == nil: // a new epoch: put our leases back before renewing them
-			err = s.reassert(ctx, r.newEpoch)
+			err = s.reassert(ctx, g, r.newEpoch)
 		}
 		if err != nil {
 			return nil, err
@@ -330,15 +436,19 @@ func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
 // Throttle implements budget.Store. It returns the domain's rate factor
 // after the report.
 func (s *Store) Throttle(ctx context.Context, d budget.Domain, retryAfter time.Duration) (float64, error) {
+	g, err := s.groupOf(ctx, []budget.Domain{d})
+	if err != nil {
+		return 0, err
+	}
 	args := s.args(encodeDomain(d), strconv.FormatInt(retryAfter.Microseconds(), 10), ms(s.ttl))
 	for range 2 {
-		res, err := s.run(ctx, "throttle", s.sc.throttle, args...)
+		res, err := s.run(ctx, g, "throttle", s.sc.throttle, args...)
 		if err != nil {
 			return 0, err
 		}
 		f, err := decodeThrottle(res)
 		if errors.Is(err, errNotRegistered) {
-			if err := s.reregister(ctx); err != nil {
+			if err := s.reregister(ctx, g); err != nil {
 				return 0, err
 			}
 			continue
@@ -348,16 +458,41 @@ func (s *Store) Throttle(ctx context.Context, d budget.Domain, retryAfter time.D
 	return 0, fmt.Errorf("redisstore: throttle: %w: budget config keeps disappearing", budget.ErrUnavailable)
 }
 
-// Usage implements budget.Store. MemoryHeld is always 0: Redis holds no
-// memory, and the Budget reports its own.
+// Usage implements budget.Store: one call per group (side by side), merged.
+// Each group's part is a consistent snapshot; the groups are independent,
+// so together they are as consistent as a view of independent budgets can
+// be. MemoryHeld is always 0: Redis holds no memory, and the Budget
+// reports its own.
 func (s *Store) Usage(ctx context.Context) (budget.Usage, error) {
-	res, err := s.run(ctx, "usage", s.sc.usage, s.args()...)
+	gs, err := s.knownGroups(ctx)
 	if err != nil {
 		return budget.Usage{}, err
 	}
-	u, err := decodeUsage(res)
-	if errors.Is(err, errNotRegistered) {
-		return budget.Usage{}, nil // nothing stored: nothing held
+	var (
+		mu  sync.Mutex
+		all budget.Usage
+	)
+	err = eachGroup(gs, func(g *group) error {
+		res, err := s.run(ctx, g, "usage", s.sc.usage, s.args()...)
+		if err != nil {
+			return err
+		}
+		u, err := decodeUsage(res)
+		if errors.Is(err, errNotRegistered) {
+			return nil // nothing stored: nothing held
+		}
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		all.Waiters += u.Waiters
+		all.Domains = append(all.Domains, u.Domains...)
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return budget.Usage{}, err
 	}
-	return u, err
+	sortDomains(all.Domains)
+	return all, nil
 }

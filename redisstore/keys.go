@@ -47,23 +47,6 @@ func decodeDomain(enc string) (budget.Domain, error) {
 	return budget.Domain{Version: ver, ID: string(id)}, nil
 }
 
-// budgetName recovers a budget's name from its config key, for listings.
-func budgetName(cfgKey string) (string, bool) {
-	s, ok := strings.CutPrefix(cfgKey, "rb:{")
-	if !ok {
-		return "", false
-	}
-	h, ok := strings.CutSuffix(s, "}:cfg")
-	if !ok {
-		return "", false
-	}
-	b, err := hex.DecodeString(h)
-	if err != nil {
-		return "", false
-	}
-	return string(b), true
-}
-
 func sortDomains(ds []budget.DomainUsage) {
 	slices.SortFunc(ds, func(a, b budget.DomainUsage) int {
 		if c := cmp.Compare(a.Domain.Version, b.Domain.Version); c != 0 {

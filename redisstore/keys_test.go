@@ -45,8 +45,8 @@ func TestKeyPrefixKeepsOneHashTag(t *testing.T) {
 		if open != 3 || close < open || strings.Count(p, "{") != 1 || strings.Count(p, "}") != 1 {
 			t.Errorf("prefix %q of %q does not hold exactly one hash tag", p, n)
 		}
-		if got, ok := budgetName(p + "cfg"); !ok || got != n {
-			t.Errorf("budgetName(%q) = %q, %v; want %q", p+"cfg", got, ok, n)
+		if got, _, sharded, ok := parseGroupKey(p + "cfg"); !ok || got != n || sharded {
+			t.Errorf("parseGroupKey(%q) = %q, sharded %v, %v; want %q unsharded", p+"cfg", got, sharded, ok, n)
 		}
 	}
 }

@@ -147,20 +147,20 @@ func (s *Store) args(own ...any) []any {
 // library's function where the server has the library, else sc by EVALSHA.
 // The reply is not decoded: each script's decode helper (replies.go) does
 // that.
-func (s *Store) run(ctx context.Context, op string, sc *redis.Script, args ...any) ([]string, error) {
+func (s *Store) run(ctx context.Context, g *group, op string, sc *redis.Script, args ...any) ([]string, error) {
 	var res []string
 	var err error
 	if fn := s.lib.function(op); fn != "" {
-		res, err = s.client.FCall(ctx, fn, s.keys, args...).StringSlice()
+		res, err = s.client.FCall(ctx, fn, g.keys, args...).StringSlice()
 		// Nothing ran: load the library again and call again (a few times:
 		// it can be flushed again in between).
 		for try := 0; functionMissing(err) && try < 3; try++ {
 			if err = loadLibrary(ctx, s.client); err == nil {
-				res, err = s.client.FCall(ctx, fn, s.keys, args...).StringSlice()
+				res, err = s.client.FCall(ctx, fn, g.keys, args...).StringSlice()
 			}
 		}
 	} else {
-		res, err = sc.Run(ctx, s.client, s.keys, args...).StringSlice()
+		res, err = sc.Run(ctx, s.client, g.keys, args...).StringSlice()
 	}
 	if err != nil {
 		reloadSlots(ctx, s.client, err)

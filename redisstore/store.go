@@ -46,36 +46,41 @@ type Store struct {
 	sc     *scriptSet
 	lib    *library // nil: run scripts with EVALSHA
 	name   string
-	prefix string
-	keys   []string // KEYS of every script: the config hash
 	ttl    time.Duration
 	// evalOnly keeps scripts on EVALSHA even where the library could be
 	// loaded (tests of that path on Redis 7).
 	evalOnly bool
 	idle     time.Duration
 	pubCmd   string           // PUBLISH, or SPUBLISH on a Cluster
-	channel  string           // this process's wake channel
+	proc     string           // this process's name in wake channels
 	clock    func() time.Time // nil: Redis TIME (see withClock)
+
+	// shardKey spreads domains over groups (WithShardKey); nil: one group,
+	// single, for the whole budget.
+	shardKey func(budget.Domain) string
+	single   *group
 
 	// reasserting is held for writing while leases are put back after a
 	// state loss, and for reading by retirements and cancellations, so a
 	// lease released meanwhile is never put back from a stale snapshot.
 	reasserting sync.RWMutex
 
-	mu     sync.Mutex
-	limits budget.Limits         // last registered, to register again after a state loss
-	epoch  string                // the budget's epoch this store last saw; see reassert
-	wakes  map[string]*waiting   // this process's waiters, by ID
-	leases map[string]*heldLease // leases granted through this store, for heartbeats
+	mu      sync.Mutex
+	limits  budget.Limits         // last registered, to register again after a state loss
+	replace bool                  // this host's limits replace stored ones, in every group it uses
+	groups  map[string]*group     // shard groups this process uses, by key (sharded only)
+	wakes   map[string]*waiting   // this process's waiters, by ID
+	leases  map[string]*heldLease // leases granted through this store, for heartbeats
 
-	sub       *redis.PubSub
-	subDone   chan struct{}
+	hubMu     sync.Mutex
+	hubs      map[string]*hub // wake subscriptions, by server ("" off a Cluster); nil once closed
 	closeOnce sync.Once
 }
 
 // heldLease is what this process knows of a lease it holds: enough to renew
 // its domains' keys, and to put it back after Redis lost the budget.
 type heldLease struct {
+	g        *group
 	encs     []string
 	class    int
 	consumer string
@@ -118,7 +123,10 @@ func New(client redis.UniversalClient, name string, opts ...Option) (*Store, err
 	// Idle keys outlive any lease by far, so the reclaim step (run by every
 	// script) always gets to an expired lease before its keys could expire.
 	s.idle = max(20*s.ttl, 5*time.Minute)
-	s.channel = uuid.NewString()
+	s.proc = uuid.NewString()
+	if s.shardKey == nil {
+		s.single = s.newGroup("")
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -135,8 +143,13 @@ func New(client redis.UniversalClient, name string, opts ...Option) (*Store, err
 	if !s.evalOnly && loadLibrary(ctx, client) == nil {
 		s.lib = budgetLibrary
 	}
-	if err := s.subscribe(ctx); err != nil {
-		return nil, err
+	// One group is set up at once, as a budget always was; shard groups
+	// are set up on first use.
+	if s.single != nil {
+		if err := s.subscribeGroup(ctx, s.single); err != nil {
+			s.closeHubs()
+			return nil, err
+		}
 	}
 	return s, nil
 }
@@ -145,16 +158,15 @@ func New(client redis.UniversalClient, name string, opts ...Option) (*Store, err
 // keys, its publish command and its maps. New adds the rest; operator
 // commands use it bare.
 func baseStore(client redis.UniversalClient, name string) *Store {
-	prefix := keyPrefix(name)
 	return &Store{
 		client: client,
 		name:   name,
-		prefix: prefix,
-		keys:   []string{prefix + "cfg"},
 		ttl:    DefaultLeaseTTL,
 		pubCmd: pubCommand(client),
+		groups: make(map[string]*group),
 		wakes:  make(map[string]*waiting),
 		leases: make(map[string]*heldLease),
+		hubs:   make(map[string]*hub),
 	}
 }
 
@@ -232,12 +244,9 @@ func (s *Store) Name() string { return s.name }
 // LeaseTTL implements budget.Store.
 func (s *Store) LeaseTTL() time.Duration { return s.ttl }
 
-// Close ends the wake subscription and waits for its goroutine. The client
-// stays open: it belongs to the caller. Later calls do nothing.
+// Close ends the wake subscriptions and waits for their goroutines. The
+// client stays open: it belongs to the caller. Later calls do nothing.
 func (s *Store) Close() error {
-	s.closeOnce.Do(func() {
-		s.sub.Close()
-		<-s.subDone
-	})
+	s.closeOnce.Do(s.closeHubs)
 	return nil
 }
