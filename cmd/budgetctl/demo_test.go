@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
 
@@ -11,12 +12,15 @@ import (
 )
 
 // TestDemo runs a short demo with the built binary (embedded Redis, worker
-// processes) and checks what its report claims: with the budget the
-// provider saw no more than its quota, far fewer throttles than without,
-// and never more in flight than the ceilings.
+// processes) and checks what its report claims: with the budget every
+// object is copied, the provider saw no more than its quota, far fewer
+// throttles than without, and never more in flight than the ceilings;
+// without it, every object is accounted for (copied, or failed when its
+// retries ran out), and the 503s are there; both runs report the share of
+// the quota they used.
 func TestDemo(t *testing.T) {
 	r := cli(t, nil, "demo", "--hosts", "2", "--lanes", "4", "--objects", "150", "--quota", "100", "--json")
-	want(t, r, exitOK, "run 1 of 2", "run 2 of 2")
+	want(t, r, exitOK, "run 1 of 2", "run 2 of 2", "3 attempts per request")
 	var rep demo.Report
 	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 		t.Fatalf("report: %v\n%s", err, r)
@@ -25,14 +29,35 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("runs: %+v", rep.Runs)
 	}
 	on, off := rep.Runs[0], rep.Runs[1]
-	t.Logf("with budget: %+v\nwithout: %+v", on.Provider, off.Provider)
+	t.Logf("with budget: %.1fs, failed %d, %+v\nwithout: %.1fs, failed %d, %+v", on.Seconds, on.Failed, on.Provider, off.Seconds, off.Failed, off.Provider)
+	if on.Copied != 150 || on.Failed != 0 {
+		t.Errorf("with the budget %d objects were copied and %d lost, want 150 and none", on.Copied, on.Failed)
+	}
 	for _, run := range rep.Runs {
-		if run.Copied != 150 || len(run.Hosts) != 2 {
-			t.Errorf("%s run copied %d objects on %d hosts, want 150 on 2", run.Mode, run.Copied, len(run.Hosts))
+		get := run.Provider.Classes[budget.OpGet]
+		if run.Copied+run.Failed != 150 || len(run.Hosts) != 2 || int64(get.Requests-get.Throttled) != run.Copied {
+			t.Errorf("%s run: %d copied + %d failed on %d hosts, %d GETs served; want 150 objects on 2 hosts, one served GET per copy",
+				run.Mode, run.Copied, run.Failed, len(run.Hosts), get.Requests-get.Throttled)
+		}
+		var failed int64
+		for _, h := range run.Hosts {
+			failed += h.Failed
+		}
+		if failed != run.Failed {
+			t.Errorf("%s run reports %d failed, its hosts %d", run.Mode, run.Failed, failed)
+		}
+		// Utilization is served over quota x the provider's busy time.
+		p := run.Provider
+		if u := float64(p.Served) / (p.Quota * math.Max(p.Seconds, 1)); p.Served != p.Requests-p.Throttled || p.Utilization <= 0 || p.Utilization > 1 ||
+			math.Abs(p.Utilization-u) > 1e-9 {
+			t.Errorf("%s run: served %d of %d, utilization %v; want requests - throttled, and %v in (0, 1]", run.Mode, p.Served, p.Requests, p.Utilization, u)
 		}
 	}
 	if rep.Limits.RequestsPerSecond != 90 || rep.Limits.Burst != 10 {
 		t.Errorf("limits %+v: want rps and burst derived from the quota (90, 10)", rep.Limits)
+	}
+	if rep.Attempts != 3 || rep.RefusalCost != demo.DefaultRefusalCost {
+		t.Errorf("report: %d attempts, refusal cost %v; want 3 and the default", rep.Attempts, rep.RefusalCost)
 	}
 	if off.Provider.Throttled == 0 {
 		t.Errorf("without the budget the provider throttled nothing: the demo shows no contrast")
@@ -63,7 +88,7 @@ func TestDemoRealRedis(t *testing.T) {
 	r := cli(t, nil, "demo", "--redis", srv.URL(), "--no-baseline", "--hosts", "2", "--lanes", "2", "--objects", "40",
 		"--budget", "real demo", "--get", "3")
 	want(t, r, exitOK, "run 1 of 1", "shared budget", "40 of 40", `Budget "real demo" in Redis (`+srv.Addr()+")",
-		"peak in flight, get", "(ceiling 3)")
+		"peak in flight, get", "(ceiling 3)", "objects failed (retries ran out)", "quota used (served / quota x time)", "lost no object")
 	if strings.Contains(r.stdout, "per-lane") {
 		t.Errorf("--no-baseline still ran the baseline:\n%s", r)
 	}

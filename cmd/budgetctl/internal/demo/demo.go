@@ -30,6 +30,8 @@ type Config struct {
 	Size                  int64 // mean object size
 	Quota                 float64
 	MaxConcurrent         int
+	RefusalCost           float64 // as ProviderConfig.RefusalCost
+	Attempts              int     // per request, as WorkerConfig.Attempts
 	Limits                budget.Limits
 	Budget                string // budget name in Redis
 	NoBaseline            bool   // skip the run without the budget
@@ -82,18 +84,25 @@ func Run(ctx context.Context, cfg Config, env Env) (Report, error) {
 		where = rdb.Options().Addr
 	}
 
+	if cfg.Attempts <= 0 {
+		cfg.Attempts = DefaultAttempts
+	}
 	rep := Report{Hosts: cfg.Hosts, Lanes: cfg.Lanes, Objects: cfg.Objects, Size: cfg.Size, Quota: cfg.Quota,
-		MaxConcurrent: cfg.MaxConcurrent, Limits: cfg.Limits, Budget: cfg.Budget, Redis: where}
+		MaxConcurrent: cfg.MaxConcurrent, Attempts: cfg.Attempts, Limits: cfg.Limits, Budget: cfg.Budget, Redis: where}
 	modes := []bool{true}
 	if !cfg.NoBaseline {
 		modes = append(modes, false)
 	}
+	pol := sdkRetry(cfg.Attempts)
+	fmt.Fprintf(env.Progress, "Every lane retries like an SDK client: %d attempts per request, full-jitter backoff (base %v after a 503, doubling, capped at %v), or the provider's Retry-After when longer; an object whose attempts run out is lost.\n",
+		pol.Attempts, pol.ThrottleBase, pol.Cap)
 	for i, withBudget := range modes {
 		r, err := runOnce(ctx, cfg, env, withBudget, redisURL, rdb, fmt.Sprintf("run %d of %d", i+1, len(modes)))
 		if err != nil {
 			return Report{}, err
 		}
 		rep.Runs = append(rep.Runs, r)
+		rep.RefusalCost = r.Provider.RefusalCost // the provider's, defaults filled in
 	}
 	return rep, nil
 }
@@ -103,7 +112,8 @@ func Run(ctx context.Context, cfg Config, env Env) (Report, error) {
 func runOnce(ctx context.Context, cfg Config, env Env, withBudget bool, redisURL string, rdb *redis.Client,
 	label string) (RunReport, error) {
 	out := env.Progress
-	p := newProvider(ProviderConfig{Quota: cfg.Quota, MaxConcurrent: cfg.MaxConcurrent, Objects: cfg.Objects, Size: cfg.Size, Seed: cfg.Seed})
+	p := newProvider(ProviderConfig{Quota: cfg.Quota, MaxConcurrent: cfg.MaxConcurrent, RefusalCost: cfg.RefusalCost,
+		Objects: cfg.Objects, Size: cfg.Size, Seed: cfg.Seed})
 	provURL, stopProvider, err := serveProvider(p, "127.0.0.1:0")
 	if err != nil {
 		return RunReport{}, err
@@ -146,7 +156,7 @@ func runOnce(ctx context.Context, cfg Config, env Env, withBudget bool, redisURL
 	for i := range cfg.Hosts {
 		host := "host-" + strconv.Itoa(i+1)
 		args := append(append([]string(nil), env.HostArgs...), hostArgs(WorkerConfig{Provider: provURL, Budget: cfg.Budget,
-			Host: host, Lanes: cfg.Lanes, NoBudget: !withBudget, Limits: cfg.Limits, Progress: hostProgress})...)
+			Host: host, Lanes: cfg.Lanes, NoBudget: !withBudget, Limits: cfg.Limits, Attempts: cfg.Attempts, Progress: hostProgress})...)
 		// The URL goes by environment, not argv, where ps would show a
 		// password to every user of the machine. The host watches its
 		// stdin: the Proc holds it open until it is closed on return, or
@@ -204,6 +214,7 @@ func runOnce(ctx context.Context, cfg Config, env Env, withBudget bool, redisURL
 	r := RunReport{Mode: mode, Seconds: elapsed.Seconds(), Provider: p.stats()}
 	for _, ev := range last {
 		r.Copied += ev.Copied
+		r.Failed += ev.Failed
 		r.Hosts = append(r.Hosts, ev)
 	}
 	return r, nil

@@ -93,6 +93,8 @@ func (d *Flags) Register(f *pflag.FlagSet) {
 	f.IntVar(&d.cfg.MaxConcurrent, "max-concurrent", 24, "provider: requests served at once, open bodies included")
 	f.StringVar(&d.cfg.Budget, "budget", "demo", "budget name in Redis")
 	f.BoolVar(&d.cfg.NoBaseline, "no-baseline", false, "skip the comparison run without the budget")
+	f.Float64Var(&d.cfg.RefusalCost, "refusal-cost", DefaultRefusalCost, "provider: what one 503 costs it, in requests of its quota (0: refusals are free)")
+	f.IntVar(&d.cfg.Attempts, "attempts", DefaultAttempts, "client: attempts per request before a lane gives the object up")
 	f.Uint64Var(&d.cfg.Seed, "seed", 1, "seed for object sizes and the provider's latency jitter")
 	d.limits.Register(f)
 }
@@ -100,9 +102,13 @@ func (d *Flags) Register(f *pflag.FlagSet) {
 // Resolve returns the run the parsed flags describe.
 func (d *Flags) Resolve(f *pflag.FlagSet) (Config, error) {
 	cfg := d.cfg
-	if cfg.Hosts <= 0 || cfg.Lanes <= 0 || cfg.Objects <= 0 || cfg.Quota <= 0 || d.size <= 0 {
-		return Config{}, errors.New("--hosts, --lanes, --objects, --quota and --size must be positive")
+	if cfg.Hosts <= 0 || cfg.Lanes <= 0 || cfg.Objects <= 0 || cfg.Quota <= 0 || d.size <= 0 || cfg.Attempts <= 0 {
+		return Config{}, errors.New("--hosts, --lanes, --objects, --quota, --size and --attempts must be positive")
 	}
+	if cfg.RefusalCost < 0 || cfg.RefusalCost > 1 {
+		return Config{}, errors.New("--refusal-cost is between 0 and 1")
+	}
+	cfg.RefusalCost = refusalCostConfig(cfg.RefusalCost)
 	if cfg.Objects > 999999 {
 		return Config{}, errors.New("--objects is at most 999999")
 	}
@@ -134,6 +140,7 @@ func (w *WorkerFlags) Register(f *pflag.FlagSet) {
 	f.StringVar(&w.cfg.Host, "host", "", "this host's name, used as the leases' consumer (default hostname-pid)")
 	f.IntVar(&w.cfg.Lanes, "lanes", 8, "concurrent lanes on this host")
 	f.BoolVar(&w.cfg.NoBudget, "no-budget", false, "baseline: per-lane limits instead of the shared budget")
+	f.IntVar(&w.cfg.Attempts, "attempts", DefaultAttempts, "attempts per request before a lane gives the object up")
 	f.DurationVar(&w.cfg.LeaseTTL, "lease-ttl", 5*time.Second, "lease TTL: a dead host's slots return within it")
 	f.DurationVar(&w.cfg.Progress, "progress", 500*time.Millisecond, "how often to print a progress line")
 	f.BoolVar(&w.ExitOnStdinEOF, "exit-on-stdin-eof", false, "exit when stdin closes (the demo sets it)")
@@ -148,8 +155,8 @@ func (w *WorkerFlags) Resolve(f *pflag.FlagSet) (WorkerConfig, error) {
 	if cfg.Provider == "" {
 		return WorkerConfig{}, errors.New("worker needs --provider URL")
 	}
-	if cfg.Lanes <= 0 || cfg.Progress <= 0 || cfg.LeaseTTL <= 0 {
-		return WorkerConfig{}, errors.New("--lanes, --progress and --lease-ttl must be positive")
+	if cfg.Lanes <= 0 || cfg.Progress <= 0 || cfg.LeaseTTL <= 0 || cfg.Attempts <= 0 {
+		return WorkerConfig{}, errors.New("--lanes, --attempts, --progress and --lease-ttl must be positive")
 	}
 	var err error
 	if cfg.Limits, err = w.limits.Limits(f, 0); err != nil {
@@ -168,7 +175,7 @@ func (w *WorkerFlags) Resolve(f *pflag.FlagSet) (WorkerConfig, error) {
 // left to its default.
 func hostArgs(cfg WorkerConfig) []string {
 	args := []string{"--provider", cfg.Provider, "--budget", cfg.Budget, "--host", cfg.Host,
-		"--lanes", strconv.Itoa(cfg.Lanes), "--progress", cfg.Progress.String(), "--exit-on-stdin-eof"}
+		"--lanes", strconv.Itoa(cfg.Lanes), "--attempts", strconv.Itoa(cfg.Attempts), "--progress", cfg.Progress.String(), "--exit-on-stdin-eof"}
 	args = append(args, limitArgs(cfg.Limits)...)
 	if cfg.NoBudget {
 		args = append(args, "--no-budget")
@@ -192,6 +199,7 @@ func (p *ProviderFlags) Register(f *pflag.FlagSet) {
 	f.IntVar(&p.cfg.MaxConcurrent, "max-concurrent", 24, "requests served at once, open bodies included (0: unbounded)")
 	f.IntVar(&p.cfg.Objects, "objects", 1200, "objects to serve")
 	f.Var(&p.size, "size", "mean object size")
+	f.Float64Var(&p.cfg.RefusalCost, "refusal-cost", DefaultRefusalCost, "what one 503 costs the provider, in requests of its quota (0: refusals are free)")
 	f.Uint64Var(&p.cfg.Seed, "seed", 1, "seed for object sizes and latency jitter")
 	f.DurationVar(&p.every, "log-every", 5*time.Second, "how often to log counters while requests arrive")
 }
@@ -206,6 +214,10 @@ func (p *ProviderFlags) Resolve() (cfg ProviderConfig, listen string, every time
 	if p.every <= 0 {
 		return ProviderConfig{}, "", 0, errors.New("--log-every must be positive")
 	}
+	if cfg.RefusalCost < 0 || cfg.RefusalCost > 1 {
+		return ProviderConfig{}, "", 0, errors.New("--refusal-cost is between 0 and 1")
+	}
+	cfg.RefusalCost = refusalCostConfig(cfg.RefusalCost)
 	cfg.Size = int64(p.size)
 	return cfg, p.listen, p.every, nil
 }

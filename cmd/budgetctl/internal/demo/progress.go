@@ -42,8 +42,10 @@ type barView struct {
 	estimate  int64
 	mu        sync.Mutex
 	copied    []int64
+	failed    []int64
 	throttled []int64
 	throttles atomic.Int64
+	fails     atomic.Int64
 }
 
 func newBarView(w io.Writer, label string, hosts, objects int) *barView {
@@ -51,6 +53,7 @@ func newBarView(w io.Writer, label string, hosts, objects int) *barView {
 		p:         mpb.New(mpb.WithOutput(w), mpb.WithWidth(48), mpb.WithRefreshRate(100*time.Millisecond)),
 		estimate:  int64(max(1, objects/hosts)),
 		copied:    make([]int64, hosts),
+		failed:    make([]int64, hosts),
 		throttled: make([]int64, hosts),
 	}
 	for i := range hosts {
@@ -60,38 +63,46 @@ func newBarView(w io.Writer, label string, hosts, objects int) *barView {
 			mpb.AppendDecorators(decor.Any(func(decor.Statistics) string {
 				v.mu.Lock()
 				defer v.mu.Unlock()
-				return fmt.Sprintf("503s %d", v.throttled[i])
-			}, decor.WC{W: 10})),
+				return fmt.Sprintf("failed %d  503s %d", v.failed[i], v.throttled[i])
+			}, decor.WC{W: 20})),
 		))
 	}
 	v.total = v.p.AddBar(int64(objects),
 		mpb.PrependDecorators(decor.Name("total", decor.WC{W: 8, C: decor.DindentRight}), decor.CountersNoUnit("%d/%d", decor.WC{W: 9})),
 		mpb.AppendDecorators(decor.Percentage(decor.WC{W: 5}), decor.Name(" "), decor.Elapsed(decor.ET_STYLE_GO),
-			decor.Any(func(decor.Statistics) string { return fmt.Sprintf("  503s %d", v.throttles.Load()) })),
+			decor.Any(func(decor.Statistics) string {
+				return fmt.Sprintf("  failed %d  503s %d", v.fails.Load(), v.throttles.Load())
+			})),
 	)
 	return v
 }
 
+// update moves the bars: each counts the objects its host is done with,
+// copied or given up.
 func (v *barView) update(host int, ev WorkerEvent) {
 	v.mu.Lock()
 	v.copied[host] = ev.Copied
+	v.failed[host] = ev.Failed
 	v.throttled[host] = ev.Throttled
-	var sum, thr int64
+	var sum, fails, thr int64
 	for i := range v.copied {
-		sum += v.copied[i]
+		sum += v.copied[i] + v.failed[i]
+		fails += v.failed[i]
 		thr += v.throttled[i]
 	}
 	v.mu.Unlock()
 	v.throttles.Store(thr)
+	v.fails.Store(fails)
 	bar := v.hosts[host]
-	if ev.Copied >= v.estimate {
+	done := ev.Copied + ev.Failed
+	if done >= v.estimate {
 		// The work is shared dynamically: a host may copy more than its
 		// even share. Grow its bar rather than let it look finished.
-		bar.SetTotal(ev.Copied+1, false)
+		bar.SetTotal(done+1, false)
 	}
-	bar.SetCurrent(ev.Copied)
+	bar.SetCurrent(done)
 	if ev.Type == "done" {
-		bar.SetTotal(ev.Copied, true)
+		bar.SetTotal(done, true)
 	}
 	v.total.SetCurrent(sum)
 }
@@ -120,12 +131,13 @@ type lineView struct {
 
 	mu        sync.Mutex
 	copied    []int64
+	failed    []int64
 	throttled []int64
 }
 
 func newLineView(w io.Writer, label string, hosts, objects int) *lineView {
 	v := &lineView{w: w, label: label, objects: objects, start: time.Now(), stop: make(chan struct{}),
-		copied: make([]int64, hosts), throttled: make([]int64, hosts)}
+		copied: make([]int64, hosts), failed: make([]int64, hosts), throttled: make([]int64, hosts)}
 	v.done.Go(func() {
 		t := time.NewTicker(time.Second)
 		defer t.Stop()
@@ -145,6 +157,7 @@ func (v *lineView) update(host int, ev WorkerEvent) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.copied[host] = ev.Copied
+	v.failed[host] = ev.Failed
 	v.throttled[host] = ev.Throttled
 }
 
@@ -157,15 +170,16 @@ func (v *lineView) log(line string) {
 func (v *lineView) print() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	var sum, thr int64
+	var sum, fails, thr int64
 	per := make([]string, len(v.copied))
 	for i := range v.copied {
 		sum += v.copied[i]
+		fails += v.failed[i]
 		thr += v.throttled[i]
 		per[i] = fmt.Sprintf("%d", v.copied[i])
 	}
-	fmt.Fprintf(v.w, "  %s %5.1fs  copied %d/%d  503s %d  per host %s\n", v.label, time.Since(v.start).Seconds(),
-		sum, v.objects, thr, strings.Join(per, " "))
+	fmt.Fprintf(v.w, "  %s %5.1fs  copied %d/%d  failed %d  503s %d  per host %s\n", v.label, time.Since(v.start).Seconds(),
+		sum, v.objects, fails, thr, strings.Join(per, " "))
 }
 
 func (v *lineView) finish() {

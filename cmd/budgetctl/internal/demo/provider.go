@@ -22,9 +22,17 @@ import (
 // The simulated provider: an object store with one quota domain, which
 // meters requests the way real ones do (a token bucket of requests per
 // second and a cap on concurrent requests) and answers over its quota with
-// 503 and a Retry-After. It also records, from its side of the wire, every
-// request it sees, so the demo's report measures what the provider saw, not
-// what the clients believe they sent.
+// 503 SlowDown and a Retry-After. It also records, from its side of the
+// wire, every request it sees, so the demo's report measures what the
+// provider saw, not what the clients believe they sent.
+//
+// Its overload model is one rule: a refused request is not free. The
+// provider still accepts the connection, reads and authenticates the
+// request and answers it, so a 503 takes RefusalCost of a token from the
+// same bucket the served requests draw on, and the bucket may go into debt
+// (down to minus one bucket). Clients that keep hammering a throttled
+// provider therefore push down what it can serve, and the Retry-After it
+// sends grows with the debt; clients that stay under the quota never pay.
 
 // Provider classes, as indexes into its counters.
 var providerClasses = []budget.OpClass{budget.OpList, budget.OpHead, budget.OpGet}
@@ -50,6 +58,11 @@ type ProviderConfig struct {
 	// client is told to wait until the bucket has a token again, but never
 	// less than this.
 	RetryAfter time.Duration
+	// RefusalCost is what one 503 takes from the bucket, in tokens (a
+	// served request takes 1). Default 0.5: refusing costs the provider
+	// less than serving, but not nothing. Negative means free (the bucket
+	// then only meters served requests, as in a provider without overload).
+	RefusalCost float64
 }
 
 func (c *ProviderConfig) fill() {
@@ -62,9 +75,29 @@ func (c *ProviderConfig) fill() {
 	if c.RetryAfter <= 0 {
 		c.RetryAfter = 100 * time.Millisecond
 	}
+	switch {
+	case c.RefusalCost == 0:
+		c.RefusalCost = DefaultRefusalCost
+	case c.RefusalCost < 0:
+		c.RefusalCost = 0
+	}
 	if c.Domain.ID == "" {
 		c.Domain = budget.Domain{Version: 1, ID: "sim-provider/acct-1"}
 	}
+}
+
+// DefaultRefusalCost is the share of a token a 503 costs the provider when
+// ProviderConfig.RefusalCost is zero.
+const DefaultRefusalCost = 0.5
+
+// refusalCostConfig turns a --refusal-cost, where 0 means free, into a
+// ProviderConfig.RefusalCost, where 0 means the default and a negative
+// value free.
+func refusalCostConfig(flag float64) float64 {
+	if flag == 0 {
+		return -1
+	}
+	return flag
 }
 
 // Simulated latencies.
@@ -166,11 +199,19 @@ func (p *provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // admit counts an arriving request and decides whether the quota admits
-// it. A refused request is in flight for no time at all.
+// it. A refused request is in flight for no time at all, but it costs
+// RefusalCost of a token: the bucket can go into debt, down to minus one
+// bucket, so a provider refusing a flood stays throttled until the flood
+// eases. The Retry-After it answers with is the time until the bucket
+// holds a whole token again, at least cfg.RetryAfter.
 func (p *provider) admit(class int) (ok bool, retryAfter time.Duration, jitter float64) {
+	return p.admitAt(class, time.Now())
+}
+
+// admitAt is admit at time now, which must not go back.
+func (p *provider) admitAt(class int, now time.Time) (ok bool, retryAfter time.Duration, jitter float64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	now := time.Now()
 	p.st.arrivals = append(p.st.arrivals, now.Sub(p.start))
 	p.st.received[class]++
 	jitter = 0.75 + p.rng.Float64()/2
@@ -181,7 +222,7 @@ func (p *provider) admit(class int) (ok bool, retryAfter time.Duration, jitter f
 	case p.cfg.MaxConcurrent > 0 && p.active >= p.cfg.MaxConcurrent:
 		retryAfter = p.cfg.RetryAfter
 	case p.cfg.Quota > 0 && p.tokens < 1:
-		retryAfter = max(p.cfg.RetryAfter, time.Duration((1-p.tokens)/p.cfg.Quota*float64(time.Second)))
+		retryAfter = p.cfg.RetryAfter
 	default:
 		if p.cfg.Quota > 0 {
 			p.tokens--
@@ -191,6 +232,10 @@ func (p *provider) admit(class int) (ok bool, retryAfter time.Duration, jitter f
 		p.inFlight[class]++
 		p.st.peak[class] = max(p.st.peak[class], p.inFlight[class])
 		return true, 0, jitter
+	}
+	p.tokens = math.Max(-float64(p.cfg.Burst), p.tokens-p.cfg.RefusalCost)
+	if p.cfg.Quota > 0 {
+		retryAfter = max(retryAfter, time.Duration((1-p.tokens)/p.cfg.Quota*float64(time.Second)))
 	}
 	p.st.throttled[class]++
 	p.st.lastEnd = now.Sub(p.start)
@@ -228,11 +273,14 @@ func (p *provider) serve(w http.ResponseWriter, r *http.Request, class int) {
 	ok, retryAfter, jitter := p.admit(class)
 	if !ok {
 		// Retry-After in whole seconds is what HTTP allows; Retry-After-Ms
-		// carries the precise value, and the demo's clients prefer it.
+		// carries the precise value (the header Azure's SDKs read). The
+		// budget's httpbudget.Transport reads Retry-After; the per-lane SDK
+		// clients prefer Retry-After-Ms, which asks them to wait less.
 		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retryAfter.Seconds()))))
 		w.Header().Set("Retry-After-Ms", strconv.FormatInt(retryAfter.Milliseconds(), 10))
+		w.Header().Set("Content-Type", "application/xml")
 		w.WriteHeader(http.StatusServiceUnavailable)
-		io.WriteString(w, "SlowDown: reduce your request rate\n")
+		io.WriteString(w, slowDownBody)
 		return
 	}
 	wait := func(d time.Duration) bool {
@@ -318,6 +366,11 @@ func (p *provider) serve(w http.ResponseWriter, r *http.Request, class int) {
 	}
 }
 
+// slowDownBody is the error document S3 sends with a 503 it throttles.
+const slowDownBody = `<?xml version="1.0" encoding="UTF-8"?>
+<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>
+`
+
 // objectBody is object i's content: deterministic, so a copy can be checked.
 func objectBody(i int, size int64) []byte {
 	b := make([]byte, size)
@@ -342,8 +395,10 @@ type ProviderStats struct {
 	Quota          float64                       `json:"quota"`
 	Burst          int                           `json:"burst"`
 	MaxConcurrent  int                           `json:"max_concurrent"`
-	Requests       int                           `json:"requests"`
+	RefusalCost    float64                       `json:"refusal_cost"`
+	Requests       int                           `json:"requests"` // received, refused ones included
 	Throttled      int                           `json:"throttled"`
+	Served         int                           `json:"served"` // Requests - Throttled
 	Classes        map[budget.OpClass]ClassStats `json:"classes"`
 	PeakOpenBodies int                           `json:"peak_open_bodies"`
 	PeakConcurrent int                           `json:"peak_concurrent"`
@@ -354,6 +409,9 @@ type ProviderStats struct {
 	Seconds           float64 `json:"seconds"`
 	RequestsPerSecond float64 `json:"requests_per_second"`
 	PeakPerSecond     int     `json:"peak_per_second"`
+	// Utilization is the share of the quota that did useful work: Served
+	// over Quota x Seconds. A budget at 90% of the quota tops out near 0.9.
+	Utilization float64 `json:"utilization"`
 }
 
 // ClassStats is the provider's view of one class of requests.
@@ -367,7 +425,7 @@ func (p *provider) stats() ProviderStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := ProviderStats{
-		Quota: p.cfg.Quota, Burst: p.cfg.Burst, MaxConcurrent: p.cfg.MaxConcurrent,
+		Quota: p.cfg.Quota, Burst: p.cfg.Burst, MaxConcurrent: p.cfg.MaxConcurrent, RefusalCost: p.cfg.RefusalCost,
 		Classes:        map[budget.OpClass]ClassStats{},
 		PeakOpenBodies: p.st.peakBodies, PeakConcurrent: p.st.peakActive, Bytes: p.st.bytes,
 	}
@@ -376,8 +434,19 @@ func (p *provider) stats() ProviderStats {
 		s.Requests += p.st.received[i]
 		s.Throttled += p.st.throttled[i]
 	}
+	s.Served = s.Requests - s.Throttled
 	s.Seconds, s.RequestsPerSecond, s.PeakPerSecond = arrivalRates(p.st.arrivals, p.st.lastEnd)
+	s.Utilization = utilization(s.Served, s.Quota, s.Seconds)
 	return s
+}
+
+// utilization is served over quota x seconds; a span under a second counts
+// as one, as arrivalRates does, and no quota or no time is 0.
+func utilization(served int, quota, seconds float64) float64 {
+	if quota <= 0 || seconds <= 0 {
+		return 0
+	}
+	return float64(served) / (quota * math.Max(seconds, 1))
 }
 
 // arrivalRates summarizes arrival times (ascending): the span from the
@@ -439,8 +508,8 @@ func ServeProvider(ctx context.Context, cfg ProviderConfig, listen string, every
 		return err
 	}
 	defer shutdown()
-	fmt.Fprintf(stderr, "provider: serving %d objects on %s, quota %g req/s (burst %d), at most %d at once; run %s\n",
-		p.cfg.Objects, url, p.cfg.Quota, p.cfg.Burst, p.cfg.MaxConcurrent, p.run)
+	fmt.Fprintf(stderr, "provider: serving %d objects on %s, quota %g req/s (burst %d), at most %d at once, a 503 costs %g of a request; run %s\n",
+		p.cfg.Objects, url, p.cfg.Quota, p.cfg.Burst, p.cfg.MaxConcurrent, p.cfg.RefusalCost, p.run)
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	seen := 0

@@ -24,6 +24,8 @@ type Report struct {
 	Size          int64         `json:"size"`
 	Quota         float64       `json:"quota"`
 	MaxConcurrent int           `json:"max_concurrent"`
+	RefusalCost   float64       `json:"refusal_cost"` // what a 503 cost the provider, in requests
+	Attempts      int           `json:"attempts"`     // per request, before a lane gave the object up
 	Limits        budget.Limits `json:"limits"`
 	Budget        string        `json:"budget"`
 	Redis         string        `json:"redis"` // "embedded", or host:port
@@ -31,9 +33,12 @@ type Report struct {
 }
 
 // RunReport is one run: the provider's view, and each host's last word.
+// Copied and Failed are the hosts' sums: objects copied and checked, and
+// objects given up on when their retries ran out.
 type RunReport struct {
 	Mode     string        `json:"mode"`
 	Copied   int64         `json:"copied"`
+	Failed   int64         `json:"failed"`
 	Seconds  float64       `json:"seconds"`
 	Provider ProviderStats `json:"provider"`
 	Hosts    []WorkerEvent `json:"hosts"`
@@ -48,7 +53,9 @@ func RenderReport(w io.Writer, r Report) error {
 	if len(r.Runs) > 0 {
 		burst = r.Runs[0].Provider.Burst
 	}
-	fmt.Fprintf(w, "%s requests/s (bucket of %d) and at most %d requests at once.\n", num(r.Quota), burst, r.MaxConcurrent)
+	fmt.Fprintf(w, "%s requests/s (bucket of %d) and at most %d requests at once; each 503 costs it %s of a request.\n",
+		num(r.Quota), burst, r.MaxConcurrent, strconv.FormatFloat(r.RefusalCost, 'f', -1, 64))
+	fmt.Fprintf(w, "Every lane's client makes %d attempts per request, then gives the object up.\n", r.Attempts)
 	fmt.Fprintf(w, "Budget %s in Redis (%s): %s\n\n", clitext.Quote(r.Budget), r.Redis, clitext.Limits(r.Limits))
 
 	tw := clitext.Table(w)
@@ -70,13 +77,16 @@ func RenderReport(w io.Writer, r Report) error {
 		fmt.Fprintln(tw)
 	}
 	row("objects copied", func(run RunReport) string { return fmt.Sprintf("%d of %d", run.Copied, r.Objects) })
+	row("objects failed (retries ran out)", func(run RunReport) string { return strconv.FormatInt(run.Failed, 10) })
 	row("duration", func(run RunReport) string { return strconv.FormatFloat(run.Seconds, 'f', 1, 64) + "s" })
 	row("requests the provider received", func(run RunReport) string { return strconv.Itoa(run.Provider.Requests) })
+	row("  refused (503 SlowDown)", func(run RunReport) string { return strconv.Itoa(run.Provider.Throttled) })
+	row("  served", func(run RunReport) string { return strconv.Itoa(run.Provider.Served) })
 	row("  per second, mean", func(run RunReport) string {
 		return fmt.Sprintf("%s (quota %s)", num(run.Provider.RequestsPerSecond), num(r.Quota))
 	})
 	row("  in the busiest second", func(run RunReport) string { return strconv.Itoa(run.Provider.PeakPerSecond) })
-	row("throttled (503, Retry-After)", func(run RunReport) string { return strconv.Itoa(run.Provider.Throttled) })
+	row("quota used (served / quota x time)", func(run RunReport) string { return percent(run.Provider.Utilization) })
 	for _, c := range providerClasses {
 		row("peak in flight, "+string(c), func(run RunReport) string {
 			return fmt.Sprintf("%d (ceiling %s)", run.Provider.Classes[c].PeakInFlight, clitext.Ceiling(r.Limits.InFlight[c]))
@@ -112,14 +122,18 @@ func conclusions(r Report) []string {
 		}
 	}
 	if on != nil {
+		lost := "lost no object"
+		if on.Failed > 0 {
+			lost = fmt.Sprintf("lost %d object(s)", on.Failed)
+		}
 		broke := OverCeilings(r.Limits, on.Provider)
 		switch {
 		case len(broke) == 0 && on.Provider.Throttled == 0:
-			out = append(out, fmt.Sprintf("With the shared budget, %d lanes on %d hosts drew no throttle and stayed within every ceiling.", lanes, r.Hosts))
+			out = append(out, fmt.Sprintf("With the shared budget, %d lanes on %d hosts %s, drew no throttle and stayed within every ceiling.", lanes, r.Hosts, lost))
 		case len(broke) == 0:
-			out = append(out, fmt.Sprintf("With the shared budget, %d lanes on %d hosts stayed within every ceiling; the provider throttled %d request(s), and every host slowed down together.", lanes, r.Hosts, on.Provider.Throttled))
+			out = append(out, fmt.Sprintf("With the shared budget, %d lanes on %d hosts %s and stayed within every ceiling; the provider throttled %d request(s), and every host slowed down together.", lanes, r.Hosts, lost, on.Provider.Throttled))
 		default:
-			out = append(out, fmt.Sprintf("With the shared budget the provider saw more than the ceiling for %s: look into it.", strings.Join(broke, ", ")))
+			out = append(out, fmt.Sprintf("With the shared budget the provider saw more than the ceiling for %s (and the run %s): look into it.", strings.Join(broke, ", "), lost))
 		}
 		if rps := r.Limits.RequestsPerSecond; rps > 0 && on.Provider.Requests > 0 {
 			out = append(out, fmt.Sprintf("Its duration follows the budget's rate: %d requests at %s/s take at least %.1fs.",
@@ -136,8 +150,21 @@ func conclusions(r Report) []string {
 			line += "; in flight they exceeded the ceilings for " + strings.Join(broke, ", ")
 		}
 		out = append(out, line+": limits right for one lane multiply by the number of lanes.")
+		line = fmt.Sprintf("The refusals were not free: the provider served %s of its quota", percent(off.Provider.Utilization))
+		if on != nil {
+			line += fmt.Sprintf(" (%s with the budget)", percent(on.Provider.Utilization))
+		}
+		line += fmt.Sprintf(", %d object(s) ran out of retries and were lost", off.Failed)
+		if on != nil {
+			line += fmt.Sprintf(", and the run took %.1fs against the budget's %.1fs", off.Seconds, on.Seconds)
+		}
+		out = append(out, line+".")
 	}
 	return out
+}
+
+func percent(f float64) string {
+	return strconv.FormatFloat(100*f, 'f', 0, 64) + "%"
 }
 
 // OverCeilings names the dimensions where the provider saw more in flight

@@ -4,19 +4,21 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/httpbudget"
 	"github.com/runbudget/runbudget/redisstore"
 	"golang.org/x/time/rate"
 )
@@ -24,9 +26,10 @@ import (
 // A worker is one host of the demo's copy job: it claims listing pages from
 // a counter in Redis (so any number of hosts share the work without knowing
 // of each other), lists them, and copies their objects with --lanes lanes.
-// With the budget, every provider request first acquires from the shared
-// budget in Redis, and a 503 is reported to it. Without it (the baseline),
-// each lane limits itself as if it were alone and backs off on its own.
+// Every lane's client retries like an SDK's (client.go). With the budget,
+// every attempt goes through one httpbudget.Transport on the shared budget
+// in Redis, which also reports each 503 to it. Without it (the baseline),
+// each lane limits itself as if it were alone.
 
 // WorkerConfig configures one host.
 type WorkerConfig struct {
@@ -35,9 +38,12 @@ type WorkerConfig struct {
 	Host     string // this host's name: the budget's consumer, and progress label
 	Lanes    int
 	// NoBudget runs the baseline: each lane has its own rate limiter at
-	// Limits.RequestsPerSecond and Limits.Burst, and waits out its own 503s.
+	// Limits.RequestsPerSecond and Limits.Burst.
 	NoBudget bool
 	Limits   budget.Limits
+	// Attempts is how many times a lane sends one request before it gives
+	// the object up (DefaultAttempts when zero).
+	Attempts int
 	LeaseTTL time.Duration
 	Progress time.Duration // how often to print a progress line
 }
@@ -49,94 +55,48 @@ type WorkerEvent struct {
 	Budget    bool    `json:"budget"`  // whether the lanes drew on the shared budget
 	Objects   int     `json:"objects"` // objects in the whole run, from the provider
 	Copied    int64   `json:"copied"`
+	Failed    int64   `json:"failed"` // objects given up on: their retries ran out (a failed listing loses its page)
 	Bytes     int64   `json:"bytes"`
-	Throttled int64   `json:"throttled"`         // 503s this host received
+	Throttled int64   `json:"throttled"`         // 429s and 503s this host received
 	Pages     int64   `json:"pages"`             // listing pages this host claimed
-	Retries   int64   `json:"retries"`           // transport errors retried
-	Waited    float64 `json:"waited_s"`          // lane time spent waiting for admission or backing off
+	Retries   int64   `json:"retries"`           // attempts after a request's first
+	Waited    float64 `json:"waited_s"`          // lane time spent waiting for admission
+	Backoff   float64 `json:"backoff_s"`         // lane time spent backing off between attempts
 	Seconds   float64 `json:"seconds,omitempty"` // on done: the host's run time
 	Error     string  `json:"error,omitempty"`   // on done: why the host failed
-}
-
-// gate admits a lane's provider requests: the shared budget, or the lane's
-// own limiter in the baseline.
-type gate interface {
-	acquire(ctx context.Context, class budget.OpClass, mem int64, opensBody bool) (ticket, error)
-	// throttled is told of a 503 and returns once the lane may try again.
-	throttled(ctx context.Context, retryAfter time.Duration) error
-}
-
-// ticket is an admitted request's hold, retired in parts.
-type ticket interface {
-	CompleteRequest()
-	CloseBody()
-	ReleaseMemory()
-	Release()
-}
-
-type budgetGate struct {
-	b        *budget.Budget
-	domain   budget.Domain
-	consumer string
-}
-
-func (g *budgetGate) acquire(ctx context.Context, class budget.OpClass, mem int64, opensBody bool) (ticket, error) {
-	return g.b.Acquire(ctx, budget.Request{Domains: []budget.Domain{g.domain}, Class: class,
-		MemoryBytes: mem, OpensBody: opensBody, Consumer: g.consumer})
-}
-
-// throttled reports the 503 to the budget, which pauses and slows every
-// lane of every host on the domain; the lane then simply asks again.
-func (g *budgetGate) throttled(ctx context.Context, retryAfter time.Duration) error {
-	return g.b.Throttle(ctx, g.domain, retryAfter)
-}
-
-// laneGate is the baseline: limits that would be right for a lane alone. A
-// lane runs one request at a time, so per-lane in-flight ceilings never
-// bind; only its own rate limiter and its own backoff remain.
-type laneGate struct{ lim *rate.Limiter }
-
-func (g *laneGate) acquire(ctx context.Context, _ budget.OpClass, _ int64, _ bool) (ticket, error) {
-	if g.lim != nil {
-		if err := g.lim.Wait(ctx); err != nil {
-			return nil, err
-		}
-	}
-	return noTicket{}, nil
-}
-
-func (g *laneGate) throttled(ctx context.Context, retryAfter time.Duration) error {
-	return sleepCtx(ctx, retryAfter)
-}
-
-type noTicket struct{}
-
-func (noTicket) CompleteRequest() {}
-func (noTicket) CloseBody()       {}
-func (noTicket) ReleaseMemory()   {}
-func (noTicket) Release()         {}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 type worker struct {
 	cfg   WorkerConfig
 	rdb   redis.UniversalClient
-	http  *http.Client
 	info  providerInfo
 	claim string // Redis key of the page counter
 
-	copied, bytes, throttled, retries atomic.Int64
-	waited                            atomic.Int64 // nanoseconds
-	pages                             atomic.Int64
+	stats                        clientStats
+	copied, failed, bytes, pages atomic.Int64
+}
+
+// sizeKey carries a GET's object size to budgetRequest, which reserves it.
+type sizeKey struct{}
+
+// budgetRequest is the httpbudget mapping of the demo's provider requests:
+// one domain, the provider's, and a class by endpoint. A GET of an object
+// opens a body and reserves the object's size in this host's memory; its
+// lease ends when the lane closes the body, once the copy is written.
+func (w *worker) budgetRequest(r *http.Request) (budget.Request, error) {
+	req := budget.Request{Domains: []budget.Domain{w.info.Domain}, Consumer: w.cfg.Host}
+	switch {
+	case r.Method == http.MethodGet && r.URL.Path == "/list":
+		req.Class = budget.OpList
+	case r.Method == http.MethodHead:
+		req.Class = budget.OpHead
+	case r.Method == http.MethodGet:
+		req.Class, req.OpensBody = budget.OpGet, true
+		req.MemoryBytes, _ = r.Context().Value(sizeKey{}).(int64)
+	default:
+		return budget.Request{}, fmt.Errorf("%w: the demo has no class for %s %s", budget.ErrInvalidRequest, r.Method, r.URL.Path)
+	}
+	return req, nil
 }
 
 // fetchInfo asks the provider for the run's description, retrying while it
@@ -170,27 +130,38 @@ func fetchInfo(ctx context.Context, client *http.Client, base string) (providerI
 }
 
 // RunWorker runs one host until its share of the work is done or ctx ends,
-// writing progress events to out. It closes everything it opened.
+// writing progress events to out. An object whose retries run out is
+// counted as failed, not as the host's failure; the host fails (returns an
+// error) when the budget refuses, Redis fails, or a copy comes out wrong.
+// It closes everything it opened.
 func RunWorker(ctx context.Context, cfg WorkerConfig, rdb redis.UniversalClient, out io.Writer) error {
 	start := time.Now()
-	w := &worker{cfg: cfg, rdb: rdb, http: &http.Client{
-		Timeout:   30 * time.Second,
-		Transport: &http.Transport{MaxIdleConnsPerHost: cfg.Lanes + 2, IdleConnTimeout: 30 * time.Second},
-	}}
-	defer w.http.CloseIdleConnections()
+	if cfg.Attempts <= 0 {
+		cfg.Attempts = DefaultAttempts
+	}
+	w := &worker{cfg: cfg, rdb: rdb}
+	conns := &http.Transport{MaxIdleConnsPerHost: cfg.Lanes + 2, IdleConnTimeout: 30 * time.Second}
+	defer conns.CloseIdleConnections()
 	var err error
-	if w.info, err = fetchInfo(ctx, w.http, cfg.Provider); err != nil {
+	if w.info, err = fetchInfo(ctx, &http.Client{Timeout: 30 * time.Second, Transport: conns}, cfg.Provider); err != nil {
 		return err
 	}
 	w.claim = "budgetctl:demo:" + w.info.Run + ":page"
 
-	var g func() gate
+	// Every attempt of every lane reaches the wire through wire.
+	wire := &sendMarker{base: conns, stats: &w.stats}
+	newClient := func(rt http.RoundTripper) *client {
+		return &client{http: &http.Client{Timeout: 30 * time.Second, Transport: rt},
+			policy: sdkRetry(cfg.Attempts), jitter: rand.Float64, stats: &w.stats}
+	}
+	var laneClient func() *client
 	if cfg.NoBudget {
-		g = func() gate {
-			if cfg.Limits.RequestsPerSecond <= 0 {
-				return &laneGate{}
+		laneClient = func() *client {
+			t := &laneTransport{base: wire}
+			if cfg.Limits.RequestsPerSecond > 0 {
+				t.lim = rate.NewLimiter(rate.Limit(cfg.Limits.RequestsPerSecond), max(1, cfg.Limits.Burst))
 			}
-			return &laneGate{lim: rate.NewLimiter(rate.Limit(cfg.Limits.RequestsPerSecond), max(1, cfg.Limits.Burst))}
+			return newClient(t)
 		}
 	} else {
 		s, err := redisstore.New(rdb, cfg.Budget, redisstore.WithLeaseTTL(cfg.LeaseTTL))
@@ -202,14 +173,18 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, rdb redis.UniversalClient,
 			return err
 		}
 		defer b.Close()
-		shared := &budgetGate{b: b, domain: w.info.Domain, consumer: cfg.Host}
-		g = func() gate { return shared }
+		// One Transport for the host: every lane's attempts draw on the
+		// budget every host shares, and each 503 any lane receives slows
+		// them all.
+		shared := newClient(&httpbudget.Transport{Base: wire, Budget: b, Request: w.budgetRequest})
+		laneClient = func() *client { return shared }
 	}
 
 	emit := func(typ string, errText string) {
 		ev := WorkerEvent{Type: typ, Host: cfg.Host, Budget: !cfg.NoBudget, Objects: w.info.Objects,
-			Copied: w.copied.Load(), Bytes: w.bytes.Load(), Throttled: w.throttled.Load(), Pages: w.pages.Load(),
-			Retries: w.retries.Load(), Waited: time.Duration(w.waited.Load()).Seconds(), Error: errText}
+			Copied: w.copied.Load(), Failed: w.failed.Load(), Bytes: w.bytes.Load(), Throttled: w.stats.throttled.Load(),
+			Pages: w.pages.Load(), Retries: w.stats.retries.Load(), Waited: time.Duration(w.stats.waited.Load()).Seconds(),
+			Backoff: time.Duration(w.stats.backoff.Load()).Seconds(), Error: errText}
 		if typ == "done" {
 			ev.Seconds = time.Since(start).Seconds()
 		}
@@ -223,15 +198,15 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, rdb redis.UniversalClient,
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		defer close(keys)
-		if err := w.list(ctx, g(), keys); err != nil {
+		if err := w.list(ctx, laneClient(), keys); err != nil {
 			cancel(err)
 		}
 	})
 	for range cfg.Lanes {
-		lg := g()
+		c := laneClient()
 		wg.Go(func() {
 			for obj := range keys {
-				if err := w.copy(ctx, lg, obj); err != nil {
+				if err := w.copy(ctx, c, obj); err != nil {
 					cancel(err)
 					// Drain, so the lister is never stuck on a full channel.
 					for range keys {
@@ -267,8 +242,8 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, rdb redis.UniversalClient,
 }
 
 // list claims pages until the listing runs out, and feeds their objects to
-// the lanes.
-func (w *worker) list(ctx context.Context, g gate, keys chan<- listedObject) error {
+// the lanes. A page whose listing runs out of retries is listed again.
+func (w *worker) list(ctx context.Context, c *client, keys chan<- listedObject) error {
 	for {
 		n, err := w.rdb.Incr(ctx, w.claim).Result()
 		if err != nil {
@@ -282,18 +257,9 @@ func (w *worker) list(ctx context.Context, g gate, keys chan<- listedObject) err
 		if n > 1 {
 			q.Set("start-after", objectKey(int(n-1)*w.info.PageSize-1))
 		}
-		resp, t, err := w.do(ctx, g, budget.OpList, 0, false, func() (*http.Request, error) {
-			return http.NewRequestWithContext(ctx, http.MethodGet, w.cfg.Provider+"/list?"+q.Encode(), nil)
-		})
+		page, err := w.listPage(ctx, c, q)
 		if err != nil {
 			return err
-		}
-		var page listing
-		err = json.NewDecoder(resp.Body).Decode(&page)
-		resp.Body.Close()
-		t.Release()
-		if err != nil {
-			return fmt.Errorf("listing: %w", err)
 		}
 		if len(page.Keys) == 0 {
 			return nil
@@ -308,41 +274,78 @@ func (w *worker) list(ctx context.Context, g gate, keys chan<- listedObject) err
 	}
 }
 
+// listPage lists one page. A copy job cannot skip part of its listing, so
+// when the page's attempts run out it lists it again, after the longest
+// backoff its client uses: only objects are ever given up.
+func (w *worker) listPage(ctx context.Context, c *client, q url.Values) (listing, error) {
+	for {
+		resp, err := c.do(ctx, func(ctx context.Context) (*http.Request, error) {
+			return http.NewRequestWithContext(ctx, http.MethodGet, w.cfg.Provider+"/list?"+q.Encode(), nil)
+		})
+		if errors.Is(err, errGaveUp) {
+			if err := sleepCtx(ctx, c.policy.backoff(c.policy.Attempts, c.jitter(), true, 0)); err != nil {
+				return listing{}, err
+			}
+			continue
+		}
+		if err != nil {
+			return listing{}, fmt.Errorf("listing: %w", err)
+		}
+		var page listing
+		if resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("status %s", resp.Status)
+		} else {
+			err = json.NewDecoder(resp.Body).Decode(&page)
+		}
+		resp.Body.Close()
+		if err != nil {
+			return listing{}, fmt.Errorf("listing: %w", err)
+		}
+		return page, nil
+	}
+}
+
 // copy reads one object's metadata and content, checks it, and "writes"
-// it, retiring each part of the budget as soon as it ends: the request
-// slot when the headers arrive, the body slot once the body is drained,
-// the memory once the buffer is written.
-func (w *worker) copy(ctx context.Context, g gate, obj listedObject) error {
+// it. With the budget, each part of an attempt's lease ends as soon as it
+// can: the request slot when the headers arrive (httpbudget), the GET's
+// body slot and memory when the lane closes the body, once the copy is
+// written. An object whose HEAD or GET runs out of retries is counted as
+// failed, and copy returns nil: the lane goes on with the next one.
+func (w *worker) copy(ctx context.Context, c *client, obj listedObject) error {
 	objURL := w.cfg.Provider + "/o/" + obj.Key
-	resp, t, err := w.do(ctx, g, budget.OpHead, 0, false, func() (*http.Request, error) {
+	resp, err := c.do(ctx, func(ctx context.Context) (*http.Request, error) {
 		return http.NewRequestWithContext(ctx, http.MethodHead, objURL, nil)
 	})
+	if errors.Is(err, errGaveUp) {
+		w.failed.Add(1)
+		return nil
+	}
 	if err != nil {
-		return err
+		return fmt.Errorf("HEAD %s: %w", obj.Key, err)
 	}
 	resp.Body.Close()
-	t.Release()
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("HEAD %s: %s", obj.Key, resp.Status)
 	}
 	size, etag := resp.ContentLength, resp.Header.Get("ETag")
 
-	resp, t, err = w.do(ctx, g, budget.OpGet, size, true, func() (*http.Request, error) {
+	getCtx := context.WithValue(ctx, sizeKey{}, max(size, 0))
+	resp, err = c.do(getCtx, func(ctx context.Context) (*http.Request, error) {
 		return http.NewRequestWithContext(ctx, http.MethodGet, objURL, nil)
 	})
-	if err != nil {
-		return err
+	if errors.Is(err, errGaveUp) {
+		w.failed.Add(1)
+		return nil
 	}
-	defer t.Release()
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", obj.Key, err)
+	}
+	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		resp.Body.Close()
 		return fmt.Errorf("GET %s: %s", obj.Key, resp.Status)
 	}
 	buf := bytes.NewBuffer(make([]byte, 0, max(size, 0)))
-	_, err = io.Copy(buf, resp.Body)
-	resp.Body.Close()
-	t.CloseBody()
-	if err != nil {
+	if _, err := io.Copy(buf, resp.Body); err != nil {
 		return fmt.Errorf("GET %s: body: %w", obj.Key, err)
 	}
 	h := fnv.New64a()
@@ -350,72 +353,10 @@ func (w *worker) copy(ctx context.Context, g gate, obj listedObject) error {
 	if got := strconv.Quote(strconv.FormatUint(h.Sum64(), 16)); got != etag || int64(buf.Len()) != size {
 		return fmt.Errorf("GET %s: copy does not match its ETag", obj.Key)
 	}
-	t.ReleaseMemory()
+	// Closing the body ends the GET's lease: its body slot, and the
+	// memory its buffer held, now written.
+	resp.Body.Close()
 	w.copied.Add(1)
 	w.bytes.Add(int64(buf.Len()))
 	return nil
-}
-
-// do sends one provider request through the gate, retrying on 503 (after
-// telling the gate) and on transport errors (a few times, with backoff).
-// The returned ticket has its request part retired: the headers are in.
-func (w *worker) do(ctx context.Context, g gate, class budget.OpClass, mem int64, opensBody bool,
-	newReq func() (*http.Request, error)) (*http.Response, ticket, error) {
-	failures := 0
-	for {
-		begin := time.Now()
-		t, err := g.acquire(ctx, class, mem, opensBody)
-		w.waited.Add(int64(time.Since(begin)))
-		if err != nil {
-			return nil, nil, err
-		}
-		req, err := newReq()
-		if err != nil {
-			t.Release()
-			return nil, nil, err
-		}
-		resp, err := w.http.Do(req)
-		if err != nil {
-			t.Release()
-			if ctx.Err() != nil {
-				return nil, nil, ctx.Err()
-			}
-			if failures++; failures > 5 {
-				return nil, nil, fmt.Errorf("%s request: %w", class, err)
-			}
-			w.retries.Add(1)
-			if err := sleepCtx(ctx, time.Duration(failures)*100*time.Millisecond); err != nil {
-				return nil, nil, err
-			}
-			continue
-		}
-		if resp.StatusCode != http.StatusServiceUnavailable {
-			t.CompleteRequest()
-			return resp, t, nil
-		}
-		// Refused: nothing of the lease is needed any more; one Release
-		// returns it all in one store call.
-		t.Release()
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		w.throttled.Add(1)
-		begin = time.Now()
-		err = g.throttled(ctx, retryAfter(resp.Header))
-		w.waited.Add(int64(time.Since(begin)))
-		if err != nil {
-			return nil, nil, err
-		}
-	}
-}
-
-// retryAfter reads Retry-After-Ms, else Retry-After in seconds (whole or
-// fractional), else assumes one second.
-func retryAfter(h http.Header) time.Duration {
-	if ms, err := strconv.ParseInt(h.Get("Retry-After-Ms"), 10, 64); err == nil && ms >= 0 {
-		return time.Duration(ms) * time.Millisecond
-	}
-	if s, err := strconv.ParseFloat(strings.TrimSpace(h.Get("Retry-After")), 64); err == nil && s >= 0 && s < 3600 {
-		return time.Duration(s * float64(time.Second))
-	}
-	return time.Second
 }
