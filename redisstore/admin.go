@@ -453,6 +453,19 @@ func (a *Admin) ReplaceLimits(ctx context.Context, name string, l budget.Limits)
 	}
 	s := baseStore(a.client, name)
 	s.sc, s.idle = set, adminIdle
+	if n, err := a.client.Exists(ctx, limitsKey(name)).Result(); err == nil && n == 1 {
+		// A sharded budget: hosts that start later check their limits
+		// against the registry's copy.
+		shared := nl
+		shared.MemoryBytes = 0
+		js, err := json.Marshal(shared)
+		if err != nil {
+			return fmt.Errorf("redisstore: encoding limits: %v", err)
+		}
+		if _, err := registryCall(ctx, a.client, name, adminIdle, nil, js, true); err != nil {
+			return fmt.Errorf("redisstore: replacing limits: %w: %v", budget.ErrUnavailable, err)
+		}
+	}
 	_, err = a.eachGroup(ctx, name, func(cfgKey string) error {
 		if n, _ := a.client.Exists(ctx, cfgKey).Result(); n == 0 {
 			return errNotRegistered // gone: do not bring it back

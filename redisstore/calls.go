@@ -25,9 +25,24 @@ import (
 // in every group the registry lists, so a conflict with any of them is
 // found now; a group first used later registers (or is checked) then.
 func (s *Store) Register(ctx context.Context, l budget.Limits, replace bool) error {
+	l.MemoryBytes = 0
 	s.mu.Lock()
 	s.limits, s.replace = l, replace
 	s.mu.Unlock()
+	if s.shardKey != nil {
+		// The registry holds the budget's limits too: a host whose limits
+		// differ is refused even before any group exists.
+		js, err := json.Marshal(l)
+		if err != nil {
+			return fmt.Errorf("redisstore: encoding limits: %v", err)
+		}
+		if _, err := registryCall(ctx, s.client, s.name, s.idle, s.clock, js, replace); err != nil {
+			if errors.Is(err, budget.ErrLimitsConflict) {
+				return err
+			}
+			return s.classify(ctx, "register", err)
+		}
+	}
 	gs, err := s.knownGroups(ctx)
 	if err != nil {
 		return err

@@ -81,3 +81,32 @@ func TestConformanceCluster(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 0)
 	budgettest.Run(t, harness(func(t testing.TB) redis.UniversalClient { return cl.Client(t) }, 20*time.Millisecond))
 }
+
+// The suite again with a shard key that puts every domain in a group of
+// its own, except those the suite's requests name together: FIFO,
+// atomicity and every ceiling must hold as they do in one group, with the
+// state of a test's domains spread over groups (and, on the cluster, over
+// masters).
+var spread = redisstore.WithShardKey(budgettest.ColocateShardKey)
+
+func TestConformanceShardedMiniredis(t *testing.T) {
+	mr := miniredis.RunT(t)
+	budgettest.Run(t, harness(func(t testing.TB) redis.UniversalClient {
+		c := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}, 20*time.Millisecond, spread))
+}
+
+func TestConformanceShardedRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	budgettest.Run(t, harness(func(t testing.TB) redis.UniversalClient { return srv.Client(t) }, 20*time.Millisecond, spread))
+}
+
+func TestConformanceShardedCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster start takes a few seconds")
+	}
+	cl := redistest.StartCluster(t, 3, 0)
+	budgettest.Run(t, harness(func(t testing.TB) redis.UniversalClient { return cl.Client(t) }, 20*time.Millisecond, spread))
+}

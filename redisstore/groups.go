@@ -55,8 +55,10 @@ func groupPrefix(name string, sharded bool, key string) string {
 	return "rb:{" + hex.EncodeToString([]byte(name)) + "." + hex.EncodeToString([]byte(key)) + "}:"
 }
 
-// registryKey is the zset that lists a sharded budget's groups.
+// registryKey is the zset that lists a sharded budget's groups, and
+// limitsKey holds its limits, both in the slot of its name.
 func registryKey(name string) string { return keyPrefix(name) + "groups" }
+func limitsKey(name string) string   { return keyPrefix(name) + "limits" }
 
 // parseGroupKey recovers the budget's name and, for a shard group, its key
 // from a config key; sharded says which it is.
@@ -99,20 +101,31 @@ type group struct {
 
 var groupsScript = redis.NewScript(luascripts.WithoutShebang(luascripts.Source("groups")))
 
-// listGroups lists hexKeys in the registry of budget name (none: only
-// reads it) and returns the shard keys listed within the idle TTL.
-func listGroups(ctx context.Context, c redis.UniversalClient, name string, idle time.Duration, clock func() time.Time, hexKeys ...string) ([]string, error) {
+// registryCall runs the registry script for budget name: it lists hexKeys
+// (none: only reads), checks the budget's limits js against the stored
+// ones, storing them when none are stored or replace is set (js nil: leaves
+// them alone), and returns the shard keys listed. Different stored limits
+// without replace give an error wrapping budget.ErrLimitsConflict.
+func registryCall(ctx context.Context, c redis.UniversalClient, name string, idle time.Duration, clock func() time.Time,
+	js []byte, replace bool, hexKeys ...string) ([]string, error) {
 	now := ""
 	if clock != nil {
 		now = fmt.Sprint(clock().UnixMicro())
 	}
-	args := append([]any{ms(idle), now}, toAny(hexKeys)...)
-	res, err := groupsScript.Run(ctx, c, []string{registryKey(name)}, args...).StringSlice()
+	args := append([]any{ms(idle), now, string(js), flag(replace)}, toAny(hexKeys)...)
+	res, err := groupsScript.Run(ctx, c, []string{registryKey(name), limitsKey(name)}, args...).StringSlice()
 	if err != nil {
 		return nil, err
 	}
-	keys := make([]string, 0, len(res))
-	for _, h := range res {
+	code, _ := code(res)
+	switch {
+	case code == replyConflict && len(res) == 2:
+		return nil, fmt.Errorf("%w: budget %q holds %s, this host has %s", budget.ErrLimitsConflict, name, res[1], js)
+	case code != replyOK || len(res) < 2:
+		return nil, unexpected("groups", res)
+	}
+	keys := make([]string, 0, len(res)-2)
+	for _, h := range res[2:] {
 		k, err := hex.DecodeString(h)
 		if err != nil {
 			return nil, fmt.Errorf("redisstore: malformed entry %q in the group registry", h)
@@ -120,6 +133,11 @@ func listGroups(ctx context.Context, c redis.UniversalClient, name string, idle 
 		keys = append(keys, string(k))
 	}
 	return keys, nil
+}
+
+// listGroups reads the shard keys of budget name's registry.
+func listGroups(ctx context.Context, c redis.UniversalClient, name string, idle time.Duration, clock func() time.Time) ([]string, error) {
+	return registryCall(ctx, c, name, idle, clock, nil, false)
 }
 
 func toAny(ss []string) []any {
@@ -234,7 +252,7 @@ func (s *Store) list(ctx context.Context, gs ...*group) error {
 	for i, g := range gs {
 		hexKeys[i] = hex.EncodeToString([]byte(g.key))
 	}
-	if _, err := listGroups(ctx, s.client, s.name, s.idle, s.clock, hexKeys...); err != nil {
+	if _, err := registryCall(ctx, s.client, s.name, s.idle, s.clock, nil, false, hexKeys...); err != nil {
 		return s.classify(ctx, "list groups", err)
 	}
 	now := s.now()

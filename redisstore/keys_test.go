@@ -71,3 +71,28 @@ func FuzzEncodeDomain(f *testing.F) {
 		}
 	})
 }
+
+// FuzzGroupPrefix: a shard group's prefix holds exactly one hash tag, gives
+// back its name and key, and differs from the prefix of any other pair and
+// of the same name unsharded.
+func FuzzGroupPrefix(f *testing.F) {
+	for _, s := range [][2]string{{"run", ""}, {"run", "a"}, {"r.u", "n"}, {"r", "u.n"}, {"{", "}"}, {"a:b", "c\nd"}, {"\xff", "x"}} {
+		f.Add(s[0], s[1], s[0]+"x", s[1])
+	}
+	f.Fuzz(func(t *testing.T, name, key, name2, key2 string) {
+		p := groupPrefix(name, true, key)
+		if strings.Count(p, "{") != 1 || strings.Count(p, "}") != 1 || !strings.HasPrefix(p, "rb:{") {
+			t.Fatalf("prefix %q of (%q, %q) does not hold exactly one hash tag", p, name, key)
+		}
+		n, k, sharded, ok := parseGroupKey(p + "cfg")
+		if !ok || !sharded || n != name || k != key {
+			t.Fatalf("parseGroupKey(%q) = %q, %q, %v, %v; want %q, %q, sharded", p+"cfg", n, k, sharded, ok, name, key)
+		}
+		if p == groupPrefix(name, false, "") {
+			t.Fatalf("group (%q, %q) shares its prefix with the unsharded budget", name, key)
+		}
+		if (name != name2 || key != key2) && p == groupPrefix(name2, true, key2) {
+			t.Fatalf("(%q, %q) and (%q, %q) share prefix %q", name, key, name2, key2, p)
+		}
+	})
+}
