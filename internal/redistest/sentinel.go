@@ -410,12 +410,23 @@ func (sn *Sentinel) Debug(t testing.TB, paramValues ...string) {
 // and by the +switch-master event it subscribes to.
 func (sn *Sentinel) Client(t testing.TB) *redis.Client {
 	t.Helper()
-	c := redis.NewFailoverClient(&redis.FailoverOptions{
+	return sn.ClientWith(t, nil)
+}
+
+// ClientWith is Client with options changed by set (nil: none) before the
+// client is made.
+func (sn *Sentinel) ClientWith(t testing.TB, set func(*redis.FailoverOptions)) *redis.Client {
+	t.Helper()
+	opt := &redis.FailoverOptions{
 		MasterName:            SentinelMaster,
 		SentinelAddrs:         sn.SentinelAddrs(),
 		Password:              sn.password,
 		ContextTimeoutEnabled: true,
-	})
+	}
+	if set != nil {
+		set(opt)
+	}
+	c := redis.NewFailoverClient(opt)
 	t.Cleanup(func() { _ = c.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
