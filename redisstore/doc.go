@@ -149,6 +149,7 @@
 //   - A short lease TTL (WithLeaseTTL) when fast recovery matters: a
 //     promoted replica is a new server, so the budget is quarantined for
 //     one TTL after a failover (see Failure above). Errors
+//
 // carry go-redis's text, never the client's credentials. New refuses a
 // client without ContextTimeoutEnabled (a hung Redis must not outlast a
 // caller's deadline) and a Redis whose maxmemory-policy could evict lease
