@@ -81,13 +81,13 @@
 // A waiter that cannot move sleeps until an event says it may. The script
 // whose change could let waiters move (a release, a waiter leaving its
 // queues, new limits) grants them itself, in arrival order, before it
-// returns: the new head of each affected queue and the first of the memory
-// line, as many as fit (at most 32 per call). This handoff matters: if each
+// returns: the new head of each affected queue, as many as fit (at most 32
+// per call). This handoff matters: if each
 // new head had to be woken and call for itself, admissions would follow one
 // another at one wake-and-call each, whatever the number of free slots (a
 // measured 1 of 8 slots in use with 64 lanes). Scripts publish on the
 // waiter's process channel (SPUBLISH on a Cluster, so the message stays on
-// the shard of the budget's slot) "granted <id>" for a waiter they granted,
+// the shard of the group's slot) "granted <id>" for a waiter they granted,
 // which then returns from Acquire with no further call, or "<id>" for one
 // held back by time (the rate or a pause), which calls to learn how long
 // to sleep. One held back by a ceiling stays asleep until a release tries
@@ -126,7 +126,11 @@
 //
 // Nothing is admitted without Redis. A call that fails on the network, on
 // BUSY, OOM, LOADING or a failover returns an error wrapping
-// budget.ErrUnavailable, which the budget retries within its grace.
+// budget.ErrUnavailable, which the budget retries within its grace. Errors
+// carry go-redis's text, never the client's credentials. New refuses a
+// client without ContextTimeoutEnabled (a hung Redis must not outlast a
+// caller's deadline) and a Redis whose maxmemory-policy could evict lease
+// keys.
 //
 // # Failover and client options
 //
@@ -148,10 +152,5 @@
 //     2.3-3.1 s with the default, 2.2-2.3 s with ten per lane).
 //   - A short lease TTL (WithLeaseTTL) when fast recovery matters: a
 //     promoted replica is a new server, so the budget is quarantined for
-//     one TTL after a failover (see Failure above). Errors
-//
-// carry go-redis's text, never the client's credentials. New refuses a
-// client without ContextTimeoutEnabled (a hung Redis must not outlast a
-// caller's deadline) and a Redis whose maxmemory-policy could evict lease
-// keys.
+//     one TTL after a failover (see Failure above).
 package redisstore
