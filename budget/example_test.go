@@ -23,7 +23,7 @@ func ExampleNew() {
 		RequestsPerSecond: 50, // per domain; Burst left at zero: one second's worth
 		InFlight:          map[budget.OpClass]int{budget.OpGet: 8, budget.OpList: 2},
 		OpenBodies:        8,
-		MemoryBytes:       256 << 20, // for the whole run
+		MemoryBytes:       256 << 20, // on this host
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -215,7 +215,7 @@ func copyObject(ctx context.Context) error {
 		RequestsPerSecond: 50, // per domain
 		InFlight:          map[budget.OpClass]int{budget.OpGet: 8},
 		OpenBodies:        8,
-		MemoryBytes:       256 << 20, // for the whole run
+		MemoryBytes:       256 << 20, // on this host
 	})
 	if err != nil {
 		return err
