@@ -117,14 +117,14 @@ func TestOperatorCommands(t *testing.T) {
 	quotedDomain := `v1:"acct:42\nx"`
 
 	t.Run("list", func(t *testing.T) {
-		want(t, cli(t, f.env, "list"), exitOK, "NAME", "DOMAINS", `"ops {test}"`)
+		want(t, cli(t, f.env, "list"), exitOK, "NAME", "GROUPS", "DOMAINS", `"ops {test}"`)
 		r := cli(t, f.env, "list", "--json")
 		want(t, r, exitOK)
 		var list []redisstore.BudgetSummary
 		if err := json.Unmarshal([]byte(r.stdout), &list); err != nil {
 			t.Fatal(err, r)
 		}
-		if len(list) != 1 || list[0] != (redisstore.BudgetSummary{Name: f.name, Domains: 1, Leases: 1, Waiters: 1}) {
+		if len(list) != 1 || list[0] != (redisstore.BudgetSummary{Name: f.name, Groups: 1, Domains: 1, Leases: 1, Waiters: 1}) {
 			t.Errorf("list --json = %+v", list)
 		}
 	})

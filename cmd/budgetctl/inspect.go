@@ -143,6 +143,9 @@ func (a *app) watch(ctx context.Context, adm *redisstore.Admin, name string, mos
 // renderInspection prints an inspection as aligned tables.
 func renderInspection(w io.Writer, in redisstore.Inspection) {
 	fmt.Fprintf(w, "budget %s at %s (Redis time)", clitext.Quote(in.Name), in.Now.UTC().Format(time.RFC3339))
+	if in.Groups > 1 {
+		fmt.Fprintf(w, "; %d shard groups", in.Groups)
+	}
 	if !in.Created.IsZero() {
 		fmt.Fprintf(w, "; limits stored %s ago", formatDuration(in.Now.Sub(in.Created)))
 	}

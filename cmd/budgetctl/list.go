@@ -13,10 +13,11 @@ func (a *app) listCommand() *cobra.Command {
 		Use:   "list",
 		Short: "List the budgets in Redis, with domain, lease and waiter counts",
 		Long: `list finds every budget in the Redis and prints, for each, how many
-domains it tracks and how many leases and waiters it holds. Counts may
-include entries that expired but were not yet reclaimed.
+shard groups it has (1 unless its hosts use a shard key), how many domains
+it tracks and how many leases and waiters it holds, over all its groups.
+Counts may include entries that expired but were not yet reclaimed.
 
-With --json it prints one JSON array of {name, domains, leases, waiters}.`,
+With --json it prints one JSON array of {name, groups, domains, leases, waiters}.`,
 		Args: exactArgs(),
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			ctx, adm, done, err := a.opAdmin(cmd)
@@ -39,9 +40,9 @@ With --json it prints one JSON array of {name, domains, leases, waiters}.`,
 				return err
 			}
 			tw := clitext.Table(a.stdout)
-			fmt.Fprintln(tw, "NAME\tDOMAINS\tLEASES\tWAITERS")
+			fmt.Fprintln(tw, "NAME\tGROUPS\tDOMAINS\tLEASES\tWAITERS")
 			for _, s := range list {
-				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", clitext.Quote(s.Name), s.Domains, s.Leases, s.Waiters)
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\n", clitext.Quote(s.Name), s.Groups, s.Domains, s.Leases, s.Waiters)
 			}
 			return tw.Flush()
 		}),
