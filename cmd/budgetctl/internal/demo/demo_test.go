@@ -126,9 +126,9 @@ func TestProviderQuota(t *testing.T) {
 		return resp
 	}
 	// The bucket holds 2: two pass, the third is refused. The refusal
-	// itself takes half a token, so it is told to wait until the bucket is
-	// back from -0.5 to a whole token: 150ms at 10/s (less the little the
-	// bucket refilled meanwhile).
+	// itself takes a token, so it is told to wait until the bucket is back
+	// from -1 to a whole token: 200ms at 10/s (less the little the bucket
+	// refilled meanwhile).
 	for i := range 2 {
 		if resp := head(); resp.StatusCode != http.StatusOK || resp.ContentLength != p.sizes[1] {
 			t.Fatalf("request %d: %s, length %d", i, resp.Status, resp.ContentLength)
@@ -138,8 +138,8 @@ func TestProviderQuota(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" {
 		t.Fatalf("third request: %s, Retry-After %q", resp.Status, resp.Header.Get("Retry-After"))
 	}
-	if ra, ok := retryAfter(resp.Header); !ok || ra < 120*time.Millisecond || ra > 150*time.Millisecond {
-		t.Errorf("Retry-After-Ms says %v, want about 150ms", ra)
+	if ra, ok := retryAfter(resp.Header); !ok || ra < 100*time.Millisecond || ra > 200*time.Millisecond {
+		t.Errorf("Retry-After-Ms says %v, want about 200ms", ra)
 	}
 	s := p.stats()
 	if c := s.Classes[budget.OpHead]; c.Requests != 3 || c.Throttled != 1 || c.PeakInFlight != 1 || s.Requests != 3 || s.Served != 2 {
@@ -200,6 +200,17 @@ func TestProviderRefusalCost(t *testing.T) {
 			{0, false, 500 * time.Millisecond, -4},
 			{400, false, 150 * time.Millisecond, -0.5}, // refilled 4 to 0, minus this refusal
 			{600, true, 0, 0.5},                        // 200ms later: 1.5 tokens
+		})
+	})
+	t.Run("default: a whole request", func(t *testing.T) {
+		run(t, 0, []step{
+			{0, true, 0, 0},
+			{0, false, 200 * time.Millisecond, -1}, // (1 - -1) / 10/s
+			{0, false, 300 * time.Millisecond, -2},
+			{0, false, 400 * time.Millisecond, -3},
+			{0, false, 500 * time.Millisecond, -4},
+			{0, false, 500 * time.Millisecond, -4}, // the floor
+			{500, true, 0, 0},                      // 5 tokens back: one served
 		})
 	})
 	t.Run("free", func(t *testing.T) {

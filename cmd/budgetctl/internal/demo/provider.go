@@ -28,11 +28,13 @@ import (
 //
 // Its overload model is one rule: a refused request is not free. The
 // provider still accepts the connection, reads and authenticates the
-// request and answers it, so a 503 takes RefusalCost of a token from the
-// same bucket the served requests draw on, and the bucket may go into debt
-// (down to minus one bucket). Clients that keep hammering a throttled
-// provider therefore push down what it can serve, and the Retry-After it
-// sends grows with the debt; clients that stay under the quota never pay.
+// request and answers it, so a 503 takes RefusalCost of a token (by
+// default a whole one, as rate limiters that count every request they
+// receive do) from the same bucket the served requests draw on, and the
+// bucket may go into debt, down to minus one bucket. Clients that keep
+// hammering a throttled provider therefore push down what it can serve,
+// and the Retry-After it sends grows with the debt; clients that stay
+// under the quota never pay.
 
 // Provider classes, as indexes into its counters.
 var providerClasses = []budget.OpClass{budget.OpList, budget.OpHead, budget.OpGet}
@@ -59,9 +61,10 @@ type ProviderConfig struct {
 	// less than this.
 	RetryAfter time.Duration
 	// RefusalCost is what one 503 takes from the bucket, in tokens (a
-	// served request takes 1). Default 0.5: refusing costs the provider
-	// less than serving, but not nothing. Negative means free (the bucket
-	// then only meters served requests, as in a provider without overload).
+	// served request takes 1). Zero means DefaultRefusalCost, 1: every
+	// request the provider receives counts against its quota, refused or
+	// not. Less models a provider that refuses cheaply; negative means
+	// refusals are free (the bucket then meters served requests only).
 	RefusalCost float64
 }
 
@@ -88,7 +91,7 @@ func (c *ProviderConfig) fill() {
 
 // DefaultRefusalCost is the share of a token a 503 costs the provider when
 // ProviderConfig.RefusalCost is zero.
-const DefaultRefusalCost = 0.5
+const DefaultRefusalCost = 1.0
 
 // refusalCostConfig turns a --refusal-cost, where 0 means free, into a
 // ProviderConfig.RefusalCost, where 0 means the default and a negative

@@ -53,8 +53,15 @@ func RenderReport(w io.Writer, r Report) error {
 	if len(r.Runs) > 0 {
 		burst = r.Runs[0].Provider.Burst
 	}
-	fmt.Fprintf(w, "%s requests/s (bucket of %d) and at most %d requests at once; each 503 costs it %s of a request.\n",
-		num(r.Quota), burst, r.MaxConcurrent, strconv.FormatFloat(r.RefusalCost, 'f', -1, 64))
+	refusal := "a 503 costs it nothing"
+	switch {
+	case r.RefusalCost >= 1:
+		refusal = "a 503 uses up quota as a served request does"
+	case r.RefusalCost > 0:
+		refusal = "a 503 uses up " + strconv.FormatFloat(r.RefusalCost, 'f', -1, 64) + " of a request's quota"
+	}
+	fmt.Fprintf(w, "%s requests/s (bucket of %d) and at most %d requests at once; %s.\n",
+		num(r.Quota), burst, r.MaxConcurrent, refusal)
 	fmt.Fprintf(w, "Every lane's client makes %d attempts per request, then gives the object up.\n", r.Attempts)
 	fmt.Fprintf(w, "Budget %s in Redis (%s): %s\n\n", clitext.Quote(r.Budget), r.Redis, clitext.Limits(r.Limits))
 
@@ -150,7 +157,7 @@ func conclusions(r Report) []string {
 			line += "; in flight they exceeded the ceilings for " + strings.Join(broke, ", ")
 		}
 		out = append(out, line+": limits right for one lane multiply by the number of lanes.")
-		line = fmt.Sprintf("The refusals were not free: the provider served %s of its quota", percent(off.Provider.Utilization))
+		line = fmt.Sprintf("Each 503 cost quota and a backoff: the provider served %s of its quota", percent(off.Provider.Utilization))
 		if on != nil {
 			line += fmt.Sprintf(" (%s with the budget)", percent(on.Provider.Utilization))
 		}

@@ -28,7 +28,7 @@ func TestRenderReport(t *testing.T) {
 	}
 	out := buf.String()
 	for _, w := range []string{
-		"4 hosts x 8 lanes copied 1200 objects", "200 requests/s (bucket of 40)", "each 503 costs it 0.5 of a request",
+		"4 hosts x 8 lanes copied 1200 objects", "200 requests/s (bucket of 40)", "a 503 uses up 0.5 of a request's quota",
 		"makes 3 attempts per request",
 		"shared budget", "per-lane limits, no budget", "1200 of 1200", "1196 of 1200", "13.4s", "15.3s", "2416", "2760",
 		"objects failed (retries ran out)", "refused (503 SlowDown)", "350", "2410",
@@ -38,7 +38,7 @@ func TestRenderReport(t *testing.T) {
 		"lost no object, drew no throttle and stayed within every ceiling",
 		"2416 requests at 180/s take at least 13.4s",
 		"sent 2760 requests (1.1x as many), 350 of them refused with 503; in flight they exceeded the ceilings for get, open bodies",
-		"served 79% of its quota (90% with the budget), 4 object(s) ran out of retries and were lost, and the run took 15.3s against the budget's 13.4s",
+		"Each 503 cost quota and a backoff: the provider served 79% of its quota (90% with the budget), 4 object(s) ran out of retries and were lost, and the run took 15.3s against the budget's 13.4s",
 	} {
 		if !strings.Contains(out, w) {
 			t.Errorf("report lacks %q:\n%s", w, out)
