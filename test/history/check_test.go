@@ -51,7 +51,9 @@ func build(hs ...hold) History {
 	return h
 }
 
-func getLimits(n int) budget.Limits { return budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: n}} }
+func getLimits(n int) budget.Limits {
+	return budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: n}}
+}
 
 func TestCheck(t *testing.T) {
 	rate := budget.Limits{RequestsPerSecond: 10, Burst: 1}
