@@ -87,13 +87,13 @@ func TestShort(t *testing.T) {
 		}
 	}
 	for _, id := range []string{"P1a.d1", "P1b.d1", "P1c.d1", "P1a.d4", "P2a", "P2b", "P3", "P4a", "P4b", "P4c",
-		"P5", "P6.g1", "P6.g64", "P7a", "P7b", "P8a", "P8b", "scale"} {
+		"P5", "P6.g1", "P6.g64", "P7a", "P7b", "P8a", "P8b", "scale", "Scale.cpu_flat", "Scale.local", "Scale.errors"} {
 		if targets[id] == nil {
 			t.Errorf("target %s is missing", id)
 		}
 	}
 	// Claims about correctness, not speed: they hold on any machine.
-	for _, id := range []string{"P1a.d1", "P1a.d4", "P8a"} {
+	for _, id := range []string{"P1a.d1", "P1a.d4", "P8a", "Scale.local", "Scale.errors"} {
 		if tg := targets[id]; tg != nil && !tg.Met {
 			t.Errorf("%s (%s): measured %v, want %s %v", id, tg.Claim, tg.Measured, tg.Op, tg.Limit)
 		}

@@ -104,6 +104,7 @@ type sizes struct {
 	inproc       time.Duration // P7 time per figure per round
 	p8Run        time.Duration // P8 run per round
 	scaleDomains []int         // admission cost against domains in the budget
+	shardGroups  []int         // shard groups of the Cluster run (warm and window as P3's)
 	memItems     int           // domains, leases, waiters measured for memory
 }
 
@@ -112,12 +113,14 @@ func sizesFor(short bool) sizes {
 		return sizes{rounds: 3, rtCalls: 200, rtCalls64: 2000, p1Calls: 50, scriptCalls: 20, wakes: 20,
 			warm: 150 * time.Millisecond, window: 300 * time.Millisecond, depths: []int{10, 100},
 			hbLeases: 1000, hbTTL: 900 * time.Millisecond, rcCalls: 300, rcCalls64: 2000,
-			inproc: 20 * time.Millisecond, p8Run: time.Second, scaleDomains: []int{1, 100}, memItems: 100}
+			inproc: 20 * time.Millisecond, p8Run: time.Second, scaleDomains: []int{1, 100}, memItems: 100,
+			shardGroups: []int{1, 4, 16}}
 	}
 	return sizes{rounds: 5, rtCalls: 2000, rtCalls64: 20000, p1Calls: 400, scriptCalls: 200, wakes: 200,
 		warm: 300 * time.Millisecond, window: 1500 * time.Millisecond, depths: []int{10, 100, 1000},
 		hbLeases: 10000, hbTTL: 3 * time.Second, rcCalls: 2000, rcCalls64: 20000,
-		inproc: 150 * time.Millisecond, p8Run: 10 * time.Second, scaleDomains: []int{1, 100, 1000, 10000}, memItems: 1000}
+		inproc: 150 * time.Millisecond, p8Run: 10 * time.Second, scaleDomains: []int{1, 100, 1000, 10000}, memItems: 1000,
+		shardGroups: []int{1, 4, 16}}
 }
 
 // env is what every section shares.
@@ -128,6 +131,7 @@ type env struct {
 	url      string         // for workers
 	admin    *redis.Client  // INFO, MEMORY, SLOWLOG: never in a measured path
 	own      bool           // we started the server: CONFIG SET is ours
+	bin      string         // redis-server to start more servers with (the Cluster of scale); "" if none
 	run      string         // unique prefix of this run's names and keys
 	rep      *Report
 	clients  []*redis.Client
@@ -197,6 +201,11 @@ func run(ctx context.Context, cfg config, out io.Writer) (*Report, error) {
 		CPUs: runtime.NumCPU(), GoVersion: runtime.Version()}
 	e := &env{cfg: cfg, sz: sz, rep: rep, run: "bench-" + uuid.NewString()[:8] + "-", progress: cfg.progress}
 
+	bin, binErr := cfg.redisServer, error(nil)
+	if bin == "" || bin == "auto" {
+		bin, binErr = exec.LookPath("redis-server")
+	}
+	e.bin = bin
 	if cfg.redisURL != "" {
 		o, err := redis.ParseURL(cfg.redisURL)
 		if err != nil {
@@ -204,15 +213,10 @@ func run(ctx context.Context, cfg config, out io.Writer) (*Report, error) {
 		}
 		e.base, e.url, rep.RedisMode = o, cfg.redisURL, "external"
 	} else {
-		bin := cfg.redisServer
-		if bin == "" || bin == "auto" {
-			p, err := exec.LookPath("redis-server")
-			if err != nil {
-				return nil, fmt.Errorf("no redis-server on PATH (Debian/Ubuntu: apt-get install redis-server), or give -redis URL: %w", err)
-			}
-			bin = p
+		if binErr != nil {
+			return nil, fmt.Errorf("no redis-server on PATH (Debian/Ubuntu: apt-get install redis-server), or give -redis URL: %w", binErr)
 		}
-		srv, err := startServer(ctx, bin)
+		srv, err := startServer(ctx, bin, false)
 		if err != nil {
 			return nil, err
 		}

@@ -60,6 +60,12 @@ type msg struct {
 	N     int64   `json:"n,omitempty"`     // admissions (or calls) so far
 	Times []int64 `json:"times,omitempty"` // when each kept lease was granted, as the lane saw it, Unix ns
 	Err   string  `json:"err,omitempty"`
+	// The scale section's Cluster workers: which budget a "go" runs on,
+	// and what a pause reports: admissions per shard group and script
+	// calls sent per first key.
+	Config int              `json:"config,omitempty"`
+	Groups []int64          `json:"groups,omitempty"`
+	Calls  map[string]int64 `json:"calls,omitempty"`
 }
 
 // replyTimeout bounds how long the parent waits for any one reply: a worker

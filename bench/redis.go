@@ -29,11 +29,13 @@ type server struct {
 
 // startServer starts bin (a redis-server) on a free 127.0.0.1 port. A lost
 // port race (another process bound the port between our probe and the
-// server's bind) is retried on a new port.
-func startServer(ctx context.Context, bin string) (*server, error) {
+// server's bind) is retried on a new port. With cluster set the server is
+// a Cluster node without slots (cluster-enabled yes); startCluster forms
+// the cluster.
+func startServer(ctx context.Context, bin string, cluster bool) (*server, error) {
 	var lastErr error
 	for range 5 {
-		s, err := launchServer(ctx, bin)
+		s, err := launchServer(ctx, bin, cluster)
 		if err == nil {
 			return s, nil
 		}
@@ -45,13 +47,11 @@ func startServer(ctx context.Context, bin string) (*server, error) {
 	return nil, lastErr
 }
 
-func launchServer(ctx context.Context, bin string) (*server, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+func launchServer(ctx context.Context, bin string, cluster bool) (*server, error) {
+	port, err := freePort(cluster)
 	if err != nil {
-		return nil, fmt.Errorf("picking a port: %w", err)
+		return nil, err
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
 	dir, err := os.MkdirTemp("", "runbudget-bench-redis-")
 	if err != nil {
 		return nil, err
@@ -72,6 +72,10 @@ func launchServer(ctx context.Context, bin string) (*server, error) {
 		"maxmemory-policy noeviction",
 		"slowlog-max-len 4096",
 	}, "\n") + "\n"
+	if cluster {
+		// nodes.conf goes in the temporary directory with the log.
+		conf += "cluster-enabled yes\ncluster-config-file nodes.conf\n"
+	}
 	cmd := exec.Command(bin, "-")
 	cmd.Dir = dir
 	cmd.Stdin = strings.NewReader(conf)
@@ -92,6 +96,41 @@ func launchServer(ctx context.Context, bin string) (*server, error) {
 		return nil, fmt.Errorf("%w\n%s", err, tail)
 	}
 	return s, nil
+}
+
+// busPortOffset is the distance from a Cluster node's port to its cluster
+// bus port (Redis's default when cluster-port is not set).
+const busPortOffset = 10000
+
+// freePort returns a loopback port that was free a moment ago; for a
+// Cluster node, one whose bus port (10000 above it, at most 65535) was
+// free as well.
+func freePort(cluster bool) (int, error) {
+	var lastErr error
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, fmt.Errorf("picking a port: %w", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		if !cluster {
+			l.Close()
+			return port, nil
+		}
+		if port+busPortOffset > 65535 {
+			l.Close()
+			continue
+		}
+		bus, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+busPortOffset)))
+		l.Close()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		bus.Close()
+		return port, nil
+	}
+	return 0, fmt.Errorf("no free port pair for a Cluster node: %v", lastErr)
 }
 
 // waitReady polls PING on fresh connections until the server answers. No
@@ -146,6 +185,9 @@ func tailFile(path string, n int) string {
 type cmdStat struct {
 	Calls int64
 	Usec  int64
+	// Failed and Rejected count calls answered with an error: during
+	// execution, or before it (MOVED, CROSSSLOT, arity, ...).
+	Failed, Rejected int64
 }
 
 // stats is a snapshot of INFO commandstats, keyed by command name
@@ -159,6 +201,11 @@ func commandStats(ctx context.Context, c *redis.Client) (stats, error) {
 	if err != nil {
 		return nil, fmt.Errorf("INFO commandstats: %w", err)
 	}
+	return parseCommandStats(info), nil
+}
+
+// parseCommandStats reads the cmdstat_ lines of an INFO reply.
+func parseCommandStats(info string) stats {
 	out := stats{}
 	for _, line := range strings.Split(info, "\n") {
 		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
@@ -174,11 +221,15 @@ func commandStats(ctx context.Context, c *redis.Client) (stats, error) {
 				st.Calls = n
 			case "usec":
 				st.Usec = n
+			case "failed_calls":
+				st.Failed = n
+			case "rejected_calls":
+				st.Rejected = n
 			}
 		}
 		out[strings.TrimPrefix(name, "cmdstat_")] = st
 	}
-	return out, nil
+	return out
 }
 
 // statsDelta is what happened between two snapshots.
@@ -190,8 +241,8 @@ func (after stats) since(before stats) statsDelta {
 	d := statsDelta{}
 	for k, a := range after {
 		b := before[k]
-		if a.Calls != b.Calls {
-			d[k] = cmdStat{Calls: a.Calls - b.Calls, Usec: a.Usec - b.Usec}
+		if a != b {
+			d[k] = cmdStat{Calls: a.Calls - b.Calls, Usec: a.Usec - b.Usec, Failed: a.Failed - b.Failed, Rejected: a.Rejected - b.Rejected}
 		}
 	}
 	if i, ok := d["info"]; ok {

@@ -27,7 +27,9 @@ type workerSpec struct {
 	//   "waiter"  on "arm", blocks in Acquire on Budget and answers with the
 	//             moment it was admitted, after releasing (P2);
 	//   "lanes"   runs lanes that Acquire and Release in a loop, or run a
-	//             no-op script when Noop is set, until "stop" (P3, P4, P8).
+	//             no-op script when Noop is set, until "stop" (P3, P4, P8);
+	//   "shards"  runs lanes on the sharded budgets of Shards on the
+	//             Cluster of Cluster, with pauses (scale).
 	Role     string        `json:"role"`
 	Host     string        `json:"host"`
 	Redis    string        `json:"redis"` // a redis:// URL
@@ -37,6 +39,8 @@ type workerSpec struct {
 	LeaseTTL time.Duration `json:"lease_ttl,omitempty"`
 	Domain   string        `json:"domain,omitempty"`
 	Noop     bool          `json:"noop,omitempty"`
+	Cluster  []string      `json:"cluster,omitempty"` // node addresses (role "shards")
+	Shards   []shardBudget `json:"shards,omitempty"`
 }
 
 func isWorker() bool { return os.Getenv(envWorker) != "" }
@@ -106,6 +110,9 @@ func (w *child) budget(c *redis.Client) (*budget.Budget, error) {
 func (w *child) run() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	if w.spec.Role == "shards" {
+		return w.shards(ctx)
+	}
 	c, err := w.client(64)
 	if err != nil {
 		return err
