@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -177,6 +178,11 @@ type nodeSnap struct {
 	conns     int64            // total_connections_received
 	cmds      stats            // INFO commandstats
 	errors    map[string]int64 // INFO errorstats: error replies by type (MOVED, CROSSSLOT, ERR, ...)
+	// The context switches of the server's main thread (the event loop),
+	// where the system tells them (Linux /proc): voluntary when it went to
+	// sleep waiting for work, involuntary when it was preempted.
+	switches         bool
+	vswitch, iswitch int64
 }
 
 func (s nodeSnap) cpu() float64 { return s.user + s.sys }
@@ -215,8 +221,23 @@ func (c *cluster) snapshots(ctx context.Context) ([]nodeSnap, error) {
 		if out[i], err = snapshot(ctx, cl); err != nil {
 			return nil, fmt.Errorf("master %d: %w", i+1, err)
 		}
+		out[i].vswitch, out[i].iswitch, out[i].switches = contextSwitches(c.nodes[i].cmd.Process.Pid)
 	}
 	return out, nil
+}
+
+// contextSwitches reads the voluntary and involuntary context switches of
+// process pid's main thread from /proc/<pid>/status; ok is false where
+// there is no such file (not Linux).
+func contextSwitches(pid int) (vol, invol int64, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, 0, false
+	}
+	f := infoFields(string(b))
+	vol, err1 := strconv.ParseInt(strings.TrimSpace(f["voluntary_ctxt_switches"]), 10, 64)
+	invol, err2 := strconv.ParseInt(strings.TrimSpace(f["nonvoluntary_ctxt_switches"]), 10, 64)
+	return vol, invol, err1 == nil && err2 == nil
 }
 
 // slotErrors are the error replies by which a Cluster node refuses a call

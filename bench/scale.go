@@ -272,6 +272,7 @@ type shardConfig struct {
 	held   []int // groups on each master
 
 	rate, cpu, sys, script, busy, capacity, calls, cmds, mismatch, errors *Figure
+	vswitch, iswitch                                                      *Figure   // nil where not known
 	adm, ran, mcpu                                                        []*Figure // per master
 }
 
@@ -288,14 +289,18 @@ type shardConfig struct {
 // exact.
 //
 // On a machine with fewer cores than masters plus clients, admissions/s
-// cannot grow with the masters; what shows that the work splits, on any
-// machine, is Redis CPU per admission summed over the masters staying
-// flat as groups are added, and the admissions per CPU-second of the
-// busiest master: where a run with a core per master would stop.
+// cannot grow with the masters. What shows that the work splits is the
+// work per admission summed over the masters as groups are added (script
+// calls, Redis commands, Redis CPU), and the admissions per CPU-second of
+// the busiest master: where a run with a core per master would stop. CPU
+// per admission also depends on how the masters share the cores, so the
+// event loops' context switches (Linux) are counted beside it.
 func (e *env) shardGroups(ctx context.Context) error {
 	flat := fmt.Sprintf("Redis CPU per admission summed over masters, %d groups / %d", slices.Max(e.sz.shardGroups), slices.Min(e.sz.shardGroups))
 	targets := []*Target{
 		{ID: "Scale.cpu_flat", Claim: flat, Unit: "x", Op: "<=", Limit: 1.25},
+		{ID: "Scale.cmds_flat", Claim: fmt.Sprintf("Redis commands per admission (inside scripts included), %d groups / %d", slices.Max(e.sz.shardGroups), slices.Min(e.sz.shardGroups)),
+			Unit: "x", Op: "<=", Limit: 1.25},
 		{ID: "Scale.local", Claim: "script calls a master ran that were not sent to a key in its slots (all configurations)", Op: "==", Limit: 0},
 		{ID: "Scale.errors", Claim: "calls refused for their slot (MOVED, ASK, CROSSSLOT, ...), script calls refused or failed (all configurations)", Op: "==", Limit: 0},
 	}
@@ -345,6 +350,10 @@ func (e *env) shardGroups(ctx context.Context) error {
 		c.sys = e.figure(s, id+".sys", what+": of which system CPU (network, event loop)", "µs", false)
 		c.script = e.figure(s, id+".script", what+": Redis time inside scripts per admission, summed (commandstats)", "µs", false)
 		c.busy = e.figure(s, id+".busy", what+": Redis CPU summed over masters, % of one core", "%", false)
+		if _, _, ok := contextSwitches(cl.nodes[0].cmd.Process.Pid); ok {
+			c.vswitch = e.figure(s, id+".sleeps", what+": event-loop sleeps per admission (voluntary context switches, summed)", "", false)
+			c.iswitch = e.figure(s, id+".preempted", what+": event-loop preemptions per admission (involuntary context switches, summed)", "", false)
+		}
 		c.capacity = e.figure(s, id+".cap", what+": admissions per CPU-second of the busiest master", "ops/s", false)
 		c.calls = e.figure(s, id+".calls", what+": script calls per admission", "calls", false)
 		c.cmds = e.figure(s, id+".cmds", what+": Redis commands per admission, inside scripts included", "cmds", false)
@@ -415,7 +424,7 @@ func (e *env) shardGroups(ctx context.Context) error {
 				sent[m] += n
 			}
 			var cpuSum, sysSum, busiest float64
-			var ran, cmds, usec, nerr int64
+			var ran, cmds, usec, nerr, vsw, isw int64
 			sec := w.elapsed.Seconds()
 			for m := range shardMasters {
 				before, after := w.before[m], w.after[m]
@@ -433,6 +442,8 @@ func (e *env) shardGroups(ctx context.Context) error {
 				nerr += slot + script
 				otherErrs += other
 				conns += after.conns - before.conns
+				vsw += after.vswitch - before.vswitch
+				isw += after.iswitch - before.iswitch
 				c.adm[m].add(Round{V: float64(adm[m]) / sec, N: int(adm[m])})
 				c.ran[m].add(Round{V: float64(calls.Calls) / sec, N: int(calls.Calls)})
 				if c.held[m] > 0 {
@@ -446,6 +457,10 @@ func (e *env) shardGroups(ctx context.Context) error {
 			c.sys.add(Round{V: 1e6 * sysSum / float64(total)})
 			c.script.add(Round{V: float64(usec) / float64(total)})
 			c.busy.add(Round{V: 100 * cpuSum / sec})
+			if c.vswitch != nil {
+				c.vswitch.add(Round{V: float64(vsw) / float64(total)})
+				c.iswitch.add(Round{V: float64(isw) / float64(total)})
+			}
 			if busiest > 0 {
 				c.capacity.add(Round{V: float64(total) / busiest})
 			} else {
@@ -476,6 +491,8 @@ func (e *env) shardGroups(ctx context.Context) error {
 		switch t.ID {
 		case "Scale.cpu_flat":
 			vs = ratios(last.cpu, first.cpu, p50)
+		case "Scale.cmds_flat":
+			vs = ratios(last.cmds, first.cmds, p50)
 		case "Scale.local":
 			vs = local
 		case "Scale.errors":
