@@ -183,7 +183,8 @@ func runLanes(b *budget.Budget, f faultEnv, out *syncWriter, stop <-chan struct{
 			}{
 				{d.ID + "/get", (*budget.Lease).CompleteRequest},
 				{d.ID + "/body", (*budget.Lease).CloseBody},
-				{"memory", (*budget.Lease).ReleaseMemory},
+				// Memory is each host's own: its ceiling binds per process.
+				{"memory/" + f.Consumer, (*budget.Lease).ReleaseMemory},
 			}
 			for ctx.Err() == nil {
 				if err := ref.arrive(); err != nil {
