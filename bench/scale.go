@@ -251,9 +251,9 @@ const (
 	shardLanes   = 64 // over hosts (4) worker processes
 	// shardDomains is the number of domains of every configuration, spread
 	// evenly over its groups, each with room for shardCeiling requests at
-	// once: 64 lanes on 32 slots, so about half of the lanes are always
-	// queued, and every configuration has the same domains and ceilings,
-	// only grouped differently.
+	// once: 64 lanes on 32 slots, so at any moment at least half of the
+	// lanes hold none and lanes queue, and every configuration has the same
+	// domains and ceilings, only grouped differently.
 	shardDomains = 32
 	shardCeiling = 1
 )
