@@ -29,20 +29,25 @@ type Options struct {
 	// Losses are windows in which the store may have lost state (a master
 	// killed, its replica promoted): leases granted before one may have
 	// been dropped as it began, and arrival order does not hold across it.
-	Losses []Loss
+	Losses []Window
+	// Outages are windows in which the store refused calls but kept its
+	// state: a waiter that could not renew its place may have lost it, so
+	// arrival order does not hold across one either.
+	Outages []Window
 	// Timeout bounds porcupine's search (default 60 s); a search cut short
 	// is reported as Unknown, never as a pass.
 	Timeout time.Duration
 }
 
-// Loss is a window in which the store may have lost the state of Domains
-// (nil: every domain).
-type Loss struct {
+// Window is a stretch of time on Domains (nil: every domain).
+type Window struct {
 	Domains  []budget.Domain
 	From, To time.Time
 }
 
-func (l Loss) covers(d budget.Domain) bool { return l.Domains == nil || slices.Contains(l.Domains, d) }
+func (l Window) covers(d budget.Domain) bool {
+	return l.Domains == nil || slices.Contains(l.Domains, d)
+}
 
 // Result is what Check found.
 type Result struct {
@@ -167,7 +172,7 @@ type state struct {
 // its answer (so it was in line) before B's first call went out, and B was
 // told of its grant before A's grant could have been made (A was still
 // in line then), B passed A. Losses excuse a waiter whose wait overlaps
-// one. There is no tolerance beyond the clocks' (ageSlack): a blocked
+// one, and so do Outages. There is no tolerance beyond the clocks' (ageSlack): a blocked
 // waiter holds back every younger one on its domains.
 func Check(h History, opt Options) Result {
 	begin := time.Now()
@@ -354,7 +359,7 @@ func Check(h History, opt Options) Result {
 		res.Illegal = illegalAt(res.info, partDomains)
 	}
 	res.Over = overs(h, byID, lim, opt.Losses)
-	res.Inversions = inversions(h, opt.Losses)
+	res.Inversions = inversions(h, append(slices.Clone(opt.Losses), opt.Outages...))
 	res.Took = time.Since(begin)
 	return res
 }
@@ -400,7 +405,7 @@ func short(id string) string {
 // overs sweeps each domain's leases held for certain: from the reply that
 // reported the grant to the call that first retired the part (as early as
 // possible inside a loss that may have dropped it).
-func overs(h History, byID map[string]*Waiter, lim budget.Limits, losses []Loss) []Over {
+func overs(h History, byID map[string]*Waiter, lim budget.Limits, losses []Window) []Over {
 	type edge struct {
 		at    int64
 		delta int
@@ -471,7 +476,7 @@ func overs(h History, byID map[string]*Waiter, lim budget.Limits, losses []Loss)
 // first call went out. B passed A if B was told of its grant before the
 // earliest moment A could have been granted: the last call A was answered
 // "wait" on, or the start of its grant's interval.
-func inversions(h History, losses []Loss) []Inversion {
+func inversions(h History, losses []Window) []Inversion {
 	type entry struct {
 		w      *Waiter
 		lower  int64 // A could not have been granted before this

@@ -116,9 +116,9 @@ func TestLoss(t *testing.T) {
 	if r := Check(h, Options{Limits: getLimits(1)}); r.Verdict != porcupine.Illegal || len(r.Inversions) != 1 {
 		t.Fatalf("without the loss: %s, %d inversions; want Illegal and 1", r.Verdict, len(r.Inversions))
 	}
-	loss := Loss{Domains: []budget.Domain{dom}, From: time.Unix(0, ms(10)), To: time.Unix(0, ms(15))}
+	loss := Window{Domains: []budget.Domain{dom}, From: time.Unix(0, ms(10)), To: time.Unix(0, ms(15))}
 	// a dropped at 10; b and c still both held from 30 to 70 against one slot.
-	if r := Check(h, Options{Limits: getLimits(2), Losses: []Loss{loss}}); r.Err() != nil {
+	if r := Check(h, Options{Limits: getLimits(2), Losses: []Window{loss}}); r.Err() != nil {
 		t.Fatalf("with the loss: %v", r.Err())
 	}
 }

@@ -97,7 +97,7 @@ func Read(r io.Reader) (History, error) {
 
 // ageSlack is how far the store's clock and this process's may drift apart
 // over a grant's age (below a second in these runs, between two clocks of
-// one machine): the age only narrows an interval by this much less.
+// one machine).
 const ageSlack = time.Millisecond
 
 // Recorder is a budget.Store that records every grant and retirement its
@@ -108,11 +108,14 @@ const ageSlack = time.Millisecond
 // A grant is bounded by the last TryAcquire of the waiter that was answered
 // without one (a handoff may grant a queued waiter from another's call at
 // any moment after its place was taken) and the reply that reported it.
-// The store's GrantedAgo, the difference of two readings of the store's
-// clock, narrows that interval to [call - age, reply - age], less a
-// millisecond either side for the two clocks: without it a waiter that
-// waited a second for a handoff would be granted "somewhere in that
-// second". A reply with age zero says the grant was made by that very call.
+// A reply with GrantedAgo zero says the grant was made by that very call,
+// which then bounds it. A positive GrantedAgo only moves the start: the
+// grant came no earlier than that long before the call (less a millisecond
+// for the store's clock against this one). It cannot move the end:
+// redisstore answers a handoff it learnt of from a wake message with the
+// time since the waiter's previous call, an age meant for lease renewals
+// that can only be too long (taking it as exact put grants before the
+// retirements that made room for them).
 //
 // The recorder hides the store's Handoff flag from the Budget, which then
 // asks again after a wake and is answered Granted (as the Store contract
@@ -182,10 +185,10 @@ func (r *Recorder) TryAcquire(ctx context.Context, id string, req budget.Request
 		from = w.FirstCall
 	}
 	if age := att.GrantedAgo.Nanoseconds(); age > 0 {
-		lo, hi := max(from, start-age-int64(ageSlack)), min(to, end-age+int64(ageSlack))
-		if lo <= hi {
-			from, to = lo, hi
-		}
+		// The store made the grant no more than age before the call
+		// (redisstore answers a handoff it was told of with the time since
+		// the waiter's previous call: an age that can only be too long).
+		from = max(from, start-age-int64(ageSlack))
 	} else {
 		from = max(from, start)
 	}
