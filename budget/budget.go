@@ -215,8 +215,7 @@ func (b *Budget) acquire(ctx context.Context, req Request) (*Lease, error) {
 	// Memory is reserved here, before the store is asked, and the store
 	// never sees it.
 	mem := nreq.MemoryBytes
-	sreq := nreq
-	sreq.MemoryBytes = 0
+	nreq.MemoryBytes = 0
 	b.mu.RLock()
 	if b.closed {
 		b.mu.RUnlock()
@@ -229,9 +228,9 @@ func (b *Budget) acquire(ctx context.Context, req Request) (*Lease, error) {
 		// the read lock (which Close waits for) needs none of the
 		// bookkeeping of a call that may wait. Anything but a grant goes
 		// the long way, which asks again (calls are idempotent by ID).
-		if att, err := b.store.TryAcquire(ctx, id, sreq); err == nil && att.Outcome == Granted {
+		if att, err := b.store.TryAcquire(ctx, id, nreq); err == nil && att.Outcome == Granted {
 			b.mu.RUnlock()
-			return b.newLease(id, sreq, mem), nil
+			return b.newLease(id, nreq, mem), nil
 		}
 	}
 	b.active.Add(1)
@@ -242,7 +241,7 @@ func (b *Budget) acquire(ctx context.Context, req Request) (*Lease, error) {
 			return nil, err
 		}
 	}
-	l, err := b.wait(ctx, id, sreq, mem)
+	l, err := b.wait(ctx, id, nreq, mem)
 	if err != nil && mem > 0 {
 		b.mem.release(mem)
 	}
@@ -380,10 +379,13 @@ func (b *Budget) newLease(id string, req Request, mem int64) *Lease {
 	if b.leaseOpts != nil {
 		b.held.Add(1)
 	}
-	if mem == 0 {
-		return lease.New(id, req.Parts(), b.store, b.leaseOpts...)
+	if mem > 0 {
+		return lease.New(id, req.Parts()|lease.Memory, &memRetirer{store: b.store, line: b.mem, n: mem}, b.leaseOpts...)
 	}
-	return lease.New(id, req.Parts()|lease.Memory, &memRetirer{store: b.store, line: b.mem, n: mem}, b.leaseOpts...)
+	if b.leaseOpts == nil {
+		return lease.New(id, req.Parts(), b.store)
+	}
+	return lease.New(id, req.Parts(), b.store, b.leaseOpts...)
 }
 
 // track hands l to the keeper, when the store expires leases; the store's
