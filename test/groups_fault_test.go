@@ -40,14 +40,16 @@ type groupsSize struct {
 
 func groupsSizeFor() groupsSize {
 	if long {
-		return groupsSize{hosts: 4, lanes: 4, perMaster: 3, ceiling: 4, after: 20 * time.Second, wait: 50 * time.Second}
+		return groupsSize{hosts: 4, lanes: 4, perMaster: 3, ceiling: 5, after: 20 * time.Second, wait: 50 * time.Second}
 	}
-	return groupsSize{hosts: 2, lanes: 2, perMaster: 2, ceiling: 2, after: 3 * time.Second, wait: 8 * time.Second}
+	return groupsSize{hosts: 2, lanes: 2, perMaster: 2, ceiling: 3, after: 3 * time.Second, wait: 8 * time.Second}
 }
 
 const (
-	// groupsHold is how long a lane holds each lease; lane 0 of host 0
-	// holds 2 TTLs instead, so every group has a lease that needs renewals.
+	// groupsHold is how long a lane holds each lease. Lane 0 of hosts 0 and
+	// 1 holds 2 TTLs instead, so each of them has, on every group, a lease
+	// that needs renewals; host 0's on the killed group is held at the
+	// kill, host 1's is not.
 	groupsHold = 10 * time.Millisecond
 	// groupsGapBar: the longest time without a grant on a group whose
 	// master lives.
@@ -70,8 +72,11 @@ type groupGrant struct {
 type groupsRun struct {
 	mu       sync.Mutex
 	grants   []groupGrant
-	lost     map[int]int // leases lost, by group
+	lost     map[[2]int]int // leases lost, by group and host
 	laneErrs []error
+	// longSince is when the long-holding lane of each group got the lease
+	// it holds now (zero: it holds none).
+	longSince map[int]time.Time
 }
 
 // cfgKeyOf is the config key of shard group key of budget name.
@@ -198,7 +203,7 @@ func runGroupCrash(t *testing.T, fullCoverage bool) {
 		refs[g] = startReferee(t, func(string) int { return size.ceiling })
 	}
 
-	run := &groupsRun{lost: map[int]int{}}
+	run := &groupsRun{lost: map[[2]int]int{}, longSince: map[int]time.Time{}}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
@@ -210,15 +215,15 @@ func runGroupCrash(t *testing.T, fullCoverage bool) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				hold := groupsHold
-				if h == 0 && lane == 0 {
+				hold, long := groupsHold, h < 2 && lane == 0 && (g != killedGroup || h == 0)
+				if long {
 					hold = 2 * crashTTL
 				}
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					defer rc.Close()
-					if err := groupsLane(ctx, g, h, b, req, hold, rc, run); err != nil && ctx.Err() == nil {
+					if err := groupsLane(ctx, g, h, b, req, hold, long, rc, run); err != nil && ctx.Err() == nil {
 						run.mu.Lock()
 						run.laneErrs = append(run.laneErrs, fmt.Errorf("group %d host %d: %w", g, h, err))
 						run.mu.Unlock()
@@ -230,7 +235,9 @@ func runGroupCrash(t *testing.T, fullCoverage bool) {
 
 	// Warm up: every group has granted on every host, and the lanes have
 	// run for two seconds (the gaps are measured from a second before the
-	// kill).
+	// kill). The kill comes while host 0 holds a lease on the killed group
+	// that it got at least a renewal interval ago, so the lease is in
+	// host 0's heartbeats when the master dies.
 	started := time.Now()
 	waitFor(t, "grants on every group and host before the kill", 30*time.Second, func() bool {
 		if time.Since(started) < 2*time.Second {
@@ -238,6 +245,9 @@ func runGroupCrash(t *testing.T, fullCoverage bool) {
 		}
 		run.mu.Lock()
 		defer run.mu.Unlock()
+		if since, ok := run.longSince[killedGroup]; !ok || time.Since(since) < crashTTL/3 || time.Since(since) > crashTTL {
+			return false
+		}
 		n := map[[2]int]int{}
 		for _, gr := range run.grants {
 			n[[2]int{gr.group, gr.host}]++
@@ -259,9 +269,9 @@ func runGroupCrash(t *testing.T, fullCoverage bool) {
 	deadline := killed.Add(size.wait)
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	// Run until the killed group has granted again and one more second
-	// has passed, and at least size.after since the kill; or until the
-	// wait is over.
+	// Run until the killed group has granted again on every host and one
+	// more second has passed, and at least size.after since the kill; or
+	// until the wait is over.
 	for now := time.Now(); now.Before(deadline); now = <-tick.C {
 		if promoted.IsZero() {
 			pctx, pcancel := context.WithTimeout(ctx, 250*time.Millisecond)
@@ -271,15 +281,21 @@ func runGroupCrash(t *testing.T, fullCoverage bool) {
 			pcancel()
 		}
 		run.mu.Lock()
-		first, ok := firstGroupGrant(run.grants, killedGroup, -1, killed)
+		last, ok := time.Duration(0), true
+		for h := range budgets {
+			d, granted := firstGroupGrant(run.grants, killedGroup, h, killed)
+			last, ok = max(last, d), ok && granted
+		}
 		run.mu.Unlock()
-		if ok && now.Sub(killed) >= size.after && now.Sub(killed) >= first+time.Second {
+		if ok && now.Sub(killed) >= size.after && now.Sub(killed) >= last+time.Second {
 			break
 		}
 	}
+	// Gaps are measured up to now: no Acquire grants after the cancel, and
+	// the lanes may take up to a long hold to return.
+	end := time.Now()
 	cancel()
 	wg.Wait()
-	end := time.Now()
 
 	run.mu.Lock()
 	defer run.mu.Unlock()
@@ -323,23 +339,28 @@ func runGroupCrash(t *testing.T, fullCoverage bool) {
 			}
 		}
 	}
-	var over, holds, lostSurvivors int
+	var over, holds, lostKilled int
 	var overFor time.Duration
+	lostSurvivors := make([]int, len(budgets)) // by host
 	for g, r := range refs {
 		o, f, s := r.report()
 		over, overFor, holds = max(over, o), overFor+f, holds+s
-		if g != killedGroup {
-			lostSurvivors += run.lost[g]
+		for h := range budgets {
+			if g == killedGroup {
+				lostKilled += run.lost[[2]int{g, h}]
+			} else {
+				lostSurvivors[h] += run.lost[[2]int{g, h}]
+			}
 		}
 	}
 	recovery := "none within " + size.wait.String()
 	if recovered {
 		recovery = first.Round(time.Millisecond).String()
 	}
-	figure(t, "cluster-require-full-coverage %s: %d groups on 3 masters (%d on the killed one, which also holds the group registry), %d hosts x %d lanes per group, ceiling %d, %v/s burst %d per domain, lease TTL %v; after kill -9: replica promoted %s; killed group first grant %s (bar %v; per host %s); surviving groups: longest gap in grants %v (bar %v; group %d; the second before the kill: %v), %d grants on them while the killed group was out; leases lost: %d on the killed group, %d on the others; referee overshoot %d (for %v) over %d holds; %d lane errors",
+	figure(t, "cluster-require-full-coverage %s: %d groups on 3 masters (%d on the killed one, which also holds the group registry), %d hosts x %d lanes per group, ceiling %d, %v/s burst %d per domain, lease TTL %v; after kill -9: replica promoted %s; killed group first grant %s (bar %v; per host %s); surviving groups: longest gap in grants %v (bar %v; group %d; the second before the kill: %v), %d grants on them while the killed group was out; leases lost: %d on the killed group; on the others %d by host 0 (which held a lease on the killed group at the kill), %d by host 1 (which did not); referee overshoot %d (for %v) over %d holds; %d lane errors",
 		coverage, len(keys), 1, size.hosts, size.lanes, size.ceiling, groupsLimits(0).RequestsPerSecond, groupsLimits(0).Burst, crashTTL,
 		since(promoted), recovery, crashBar, strings.Join(perHost, ", "), worst.Round(time.Millisecond), gapBar, worstGroup,
-		worstBefore.Round(time.Millisecond), during, run.lost[killedGroup], lostSurvivors, over, overFor, holds, len(run.laneErrs))
+		worstBefore.Round(time.Millisecond), during, lostKilled, lostSurvivors[0], lostSurvivors[1], over, overFor, holds, len(run.laneErrs))
 
 	if promoted.IsZero() {
 		t.Errorf("the replica was not promoted within %v of the kill", size.wait)
@@ -384,7 +405,7 @@ func runGroupCrash(t *testing.T, fullCoverage bool) {
 
 // groupsLane acquires on group g, tells the referee, holds for hold (or
 // until the lease is lost), tells the referee and releases, until ctx ends.
-func groupsLane(ctx context.Context, g, host int, b *budget.Budget, req budget.Request, hold time.Duration, ref *refClient, run *groupsRun) error {
+func groupsLane(ctx context.Context, g, host int, b *budget.Budget, req budget.Request, hold time.Duration, long bool, ref *refClient, run *groupsRun) error {
 	for ctx.Err() == nil {
 		issued := time.Now()
 		l, err := b.Acquire(ctx, req)
@@ -392,7 +413,11 @@ func groupsLane(ctx context.Context, g, host int, b *budget.Budget, req budget.R
 			return err
 		}
 		run.mu.Lock()
-		run.grants = append(run.grants, groupGrant{group: g, host: host, issued: issued, at: time.Now()})
+		at := time.Now()
+		run.grants = append(run.grants, groupGrant{group: g, host: host, issued: issued, at: at})
+		if long {
+			run.longSince[g] = at
+		}
 		run.mu.Unlock()
 		if err := ref.start("get"); err != nil {
 			l.Release()
@@ -402,11 +427,16 @@ func groupsLane(ctx context.Context, g, host int, b *budget.Budget, req budget.R
 		select {
 		case <-l.Lost():
 			run.mu.Lock()
-			run.lost[g]++
+			run.lost[[2]int{g, host}]++
 			run.mu.Unlock()
 		case <-t.C:
 		}
 		t.Stop()
+		if long {
+			run.mu.Lock()
+			delete(run.longSince, g)
+			run.mu.Unlock()
+		}
 		err = ref.end("get")
 		l.Release()
 		if err != nil {
