@@ -29,6 +29,9 @@ type Options struct {
 	// Losses are windows in which the store may have lost state (a master
 	// killed, its replica promoted): leases granted before one may have
 	// been dropped as it began, and arrival order does not hold across it.
+	// A window should run to the end of the quarantine that follows the
+	// loss: a waiter answered "wait" during a quarantine was not put in
+	// line, so arrival order starts again after it.
 	Losses []Window
 	// Outages are windows in which the store refused calls but kept its
 	// state: a waiter that could not renew its place may have lost it, so
