@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -13,9 +14,26 @@ type Renewer interface {
 	// Heartbeat extends the expiry of every listed lease that the store still
 	// holds, in one call however many there are, and returns the IDs it no
 	// longer holds. It never brings back a lease that was released or
-	// reclaimed.
+	// reclaimed. A store whose leases live on several servers may renew
+	// some and fail for others: it then returns a *PartialError naming the
+	// IDs it could not renew, and missing for the others.
 	Heartbeat(ctx context.Context, ids []string) (missing []string, err error)
 }
+
+// PartialError is a heartbeat that renewed some leases and not others
+// (one of several servers was unreachable): every listed ID not in Failed
+// was renewed, or is reported missing. Without it one dead server would
+// cost a process every lease it holds anywhere.
+type PartialError struct {
+	Failed []string // IDs whose renewal is unconfirmed
+	Err    error    // why
+}
+
+func (e *PartialError) Error() string {
+	return fmt.Sprintf("lease: %d leases not renewed: %v", len(e.Failed), e.Err)
+}
+
+func (e *PartialError) Unwrap() error { return e.Err }
 
 // Keeper renews every live lease of one process with one store call per
 // interval, and tells a holder through Lost() when its lease is gone.
@@ -267,8 +285,16 @@ func (k *Keeper) Beat(ctx context.Context) {
 		ids[i] = l.id
 	}
 	missing, err := k.r.Heartbeat(ctx, ids)
+	var failed map[string]bool
 	if err != nil {
-		return // the TTL check above declares the loss if this persists
+		var pe *PartialError
+		if !errors.As(err, &pe) {
+			return // the TTL check above declares the loss if this persists
+		}
+		failed = make(map[string]bool, len(pe.Failed))
+		for _, id := range pe.Failed {
+			failed[id] = true
+		}
 	}
 	gone := make(map[string]struct{}, len(missing))
 	for _, id := range missing {
@@ -281,6 +307,9 @@ func (k *Keeper) Beat(ctx context.Context) {
 			l.markLostIfHeld()
 			k.untrack(l)
 			continue
+		}
+		if failed[l.id] {
+			continue // unconfirmed: the TTL check declares the loss if this persists
 		}
 		l.mu.Lock()
 		if now.After(l.renewed) {

@@ -510,3 +510,29 @@ func TestLostHammer(t *testing.T) {
 		}
 	}
 }
+
+// TestKeeperPartialRenewal: a heartbeat that renewed some leases and not
+// others (one of several servers down) keeps the renewed ones alive; only
+// those it could not renew are lost once a TTL passes unconfirmed. The
+// regression: fault scenario 20, where every lease of a host holding one
+// on a dead master was declared lost, on healthy masters too.
+func TestKeeperPartialRenewal(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &fakeStore{}
+		k := keeper(t, s)
+		ls := track(k, s, "P", 3)
+		s.set(func(s *fakeStore) { s.unrenewed = map[string]bool{ls[1].ID(): true} })
+		for range 6 { // two TTLs of beats
+			advance(ttl / 3)
+		}
+		if !isClosed(ls[1].Lost()) {
+			t.Errorf("lease whose renewal never succeeded is not lost after two TTLs")
+		}
+		if isClosed(ls[0].Lost()) || isClosed(ls[2].Lost()) {
+			t.Errorf("leases renewed by a partial heartbeat were marked lost")
+		}
+		if k.Len() != 2 {
+			t.Errorf("Len() = %d, want the two renewed leases", k.Len())
+		}
+	})
+}

@@ -33,6 +33,7 @@ type fakeStore struct {
 	failRetire bool
 	failBeat   bool
 	missing    map[string]bool
+	unrenewed  map[string]bool // renewals that fail apart from the others (a dead server)
 	block      chan struct{}
 	entered    chan struct{} // receives when a blocking Heartbeat starts
 }
@@ -65,11 +66,17 @@ func (s *fakeStore) Heartbeat(ctx context.Context, ids []string) ([]string, erro
 	if s.failBeat {
 		return nil, errDown
 	}
-	var missing []string
+	var missing, failed []string
 	for _, id := range ids {
-		if s.missing[id] {
+		switch {
+		case s.unrenewed[id]:
+			failed = append(failed, id)
+		case s.missing[id]:
 			missing = append(missing, id)
 		}
+	}
+	if failed != nil {
+		return missing, &lease.PartialError{Failed: failed, Err: errDown}
 	}
 	return missing, nil
 }

@@ -366,14 +366,35 @@ func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
 			missing = append(missing, id)
 		}
 	}
-	err := eachGroup(gs, func(g *group) error {
+	// Groups beat apart: one on an unreachable master must not cost the
+	// leases of the others (the keeper would hear no renewal at all).
+	var (
+		failed   []string
+		firstErr error
+		beaten   int
+	)
+	eachGroup(gs, func(g *group) error {
 		m, err := s.beat(ctx, g, byGroup[g], start)
 		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			failed = append(failed, byGroup[g]...)
+			if firstErr == nil {
+				firstErr = err
+			}
+			return nil
+		}
+		beaten++
 		missing = append(missing, m...)
-		mu.Unlock()
-		return err
+		return nil
 	})
-	return missing, err
+	switch {
+	case firstErr == nil:
+		return missing, nil
+	case beaten == 0:
+		return nil, firstErr
+	}
+	return missing, &lease.PartialError{Failed: failed, Err: firstErr}
 }
 
 // beat renews the leases ids of group g, as Heartbeat does for one group.
