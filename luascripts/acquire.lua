@@ -10,11 +10,11 @@
 -- ARGV[7]  1 if the request opens a body, else 0
 -- ARGV[8]  consumer (diagnostics)
 -- ARGV[9]  lease and waiter TTL, ms
--- ARGV[10] 1 if this is the first call ever sent for this id, else 0: a
---          first call cannot find a lease or a waiter of its own, and
---          skips looking for them
--- ARGV[11] number of domains n, then ARGV[12..11+n] domain encodings
+-- ARGV[10] number of domains n, then ARGV[11..10+n] domain encodings
 --          (sorted, distinct)
+-- Every call looks for a lease and a waiter of its own id, even the first
+-- the client sends: go-redis resends a call whose reply timed out, and a
+-- call that skipped the look would grant the same id twice (fault 12).
 -- Memory is not an argument: each host's Budget keeps its own memory line.
 -- Returns:
 --   {R_GRANTED, age_us}  granted; age_us is how long ago (0 now; more when
@@ -33,11 +33,10 @@ local class = int(ARGV[6], 'class', 0, NCLASS - 1)
 local body = int(ARGV[7], 'body flag', 0, 1)
 local consumer = ARGV[8]
 local ttl = int(ARGV[9], 'lease ttl', 1, 86400000) * 1000
-local first = int(ARGV[10], 'first-call flag', 0, 1)
-local n = int(ARGV[11], 'domain count', 1, 10000)
-if #ARGV ~= 11 + n then bad('domain count does not match the arguments') end
+local n = int(ARGV[10], 'domain count', 1, 10000)
+if #ARGV ~= 10 + n then bad('domain count does not match the arguments') end
 local encs = {}
-for i = 1, n do encs[i] = enc_arg(ARGV[11 + i]) end
+for i = 1, n do encs[i] = enc_arg(ARGV[10 + i]) end
 local req = {id = id, encs = encs, class = class, body = body, consumer = consumer, ch = ch, ttl = ttl}
 
 local now = clock()
@@ -51,7 +50,7 @@ if now < lim.qu then
   return done({R_DELAYED, I(lim.qu - now)})
 end
 
-local granted_at = first == 0 and redis.call('HGET', P .. 'l:' .. id, 'g')
+local granted_at = redis.call('HGET', P .. 'l:' .. id, 'g')
 if granted_at then
   -- A retried call, or a handoff: the grant stands, and is not made twice.
   return done({R_GRANTED, I(math.max(0, now - tonumber(granted_at)))})
@@ -61,7 +60,7 @@ local wk = P .. 'w:' .. id
 local doms = {}
 for i, e in ipairs(encs) do doms[i] = dload(e) end
 
-local ticket = first == 0 and tonumber(redis.call('HGET', wk, 't'))
+local ticket = tonumber(redis.call('HGET', wk, 't'))
 local joined = false -- queued by this call: its queues' TTLs are fresh
 if not ticket then
   -- First call: with nobody ahead anywhere, admit without queueing.

@@ -188,11 +188,7 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		s.mu.Unlock()
 		return budget.Attempt{Outcome: budget.Granted, GrantedAgo: s.now().Sub(w.lastCall)}, nil
 	}
-	first := 0
 	if w == nil {
-		// No call was ever sent for this id: the script need not look for
-		// a lease or a waiter of it.
-		first = 1
 		w = &waiting{g: g, wake: make(chan struct{}, 1)}
 		s.wakes[id] = w
 	}
@@ -205,16 +201,12 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 	if req.OpensBody {
 		body = 1
 	}
-	args := s.args(id, s.proc, req.Class.Index(), body, req.Consumer, ms(s.ttl), first)
-	firstArg := len(args) - 1
+	args := s.args(id, s.proc, req.Class.Index(), body, req.Consumer, ms(s.ttl))
 	args = append(args, len(encs))
 	for _, e := range encs {
 		args = append(args, e)
 	}
-	for try := range 2 {
-		if try > 0 {
-			args[firstArg] = 0 // the first call went out: no longer a first call
-		}
+	for range 2 {
 		res, err := s.run(ctx, g, "acquire", s.sc.acquire, args...)
 		if err != nil {
 			return budget.Attempt{}, err

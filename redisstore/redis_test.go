@@ -590,8 +590,8 @@ func TestScriptArgumentsValidated(t *testing.T) {
 	before := c.Keys(ctx, "rb:*").Val()
 	src := luascripts.Source("acquire")
 	// ARGV: publish, idle, clock (Redis TIME), id, channel, class, body,
-	// consumer, ttl, first call, domain count, domain.
-	good := []any{"PUBLISH", "60000", "", "w1", "proc", "2", "0", "c", "1000", "1", "1", "1.61"}
+	// consumer, ttl, domain count, domain.
+	good := []any{"PUBLISH", "60000", "", "w1", "proc", "2", "0", "c", "1000", "1", "1.61"}
 	for _, bad := range []string{"nan", "inf", "-inf", "0x10", " 1", "1e3", "", "1.5"} {
 		for _, pos := range []int{6, 7, 9} { // class, body, ttl
 			args := slices.Clone(good)
