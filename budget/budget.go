@@ -88,7 +88,7 @@ type Budget struct {
 
 	held      atomic.Int64 // leases granted here, not yet released in full (counted when observed)
 	waiting   atomic.Int64 // Acquire calls waiting on the store
-	leaseOpts []lease.Option
+	released  func() // given to every lease when observed (counts held); nil otherwise
 	mem       *memLine // this host's memory; see memory.go
 
 	mu      sync.RWMutex
@@ -139,9 +139,8 @@ func New(limits Limits, opts ...Option) (*Budget, error) {
 	if o.obs != nil {
 		// Leases are counted for HostStats only when observed: an
 		// unobserved budget does not pay two atomic operations per lease.
-		// Built once: a lease option made per Acquire would cost an
-		// allocation.
-		b.leaseOpts = []lease.Option{lease.OnReleased(func() { b.held.Add(-1) })}
+		// Built once: a func made per Acquire would cost an allocation.
+		b.released = func() { b.held.Add(-1) }
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.grace+time.Second)
 	defer cancel()
@@ -376,16 +375,15 @@ func (b *Budget) sleep(ctx context.Context, att Attempt, timer **time.Timer) err
 // newLease returns the lease for a grant of req under id, holding mem
 // bytes of this host's memory as well.
 func (b *Budget) newLease(id string, req Request, mem int64) *Lease {
-	if b.leaseOpts != nil {
-		b.held.Add(1)
-	}
+	parts, r := req.Parts(), lease.Retirer(b.store)
 	if mem > 0 {
-		return lease.New(id, req.Parts()|lease.Memory, &memRetirer{store: b.store, line: b.mem, n: mem}, b.leaseOpts...)
+		parts, r = parts|lease.Memory, &memRetirer{store: b.store, line: b.mem, n: mem}
 	}
-	if b.leaseOpts == nil {
-		return lease.New(id, req.Parts(), b.store)
+	if b.released == nil {
+		return lease.New(id, parts, r)
 	}
-	return lease.New(id, req.Parts(), b.store, b.leaseOpts...)
+	b.held.Add(1)
+	return lease.NewReleased(id, parts, r, b.released)
 }
 
 // track hands l to the keeper, when the store expires leases; the store's

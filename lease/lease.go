@@ -82,23 +82,19 @@ type Lease struct {
 	released func()
 }
 
-// Option configures New.
-type Option func(*Lease)
-
-// OnReleased makes the lease call f once, when its holder has retired every
-// part (whether or not the store confirmed it). Build the Option once and
-// pass it to every New: it then costs a lease no allocation.
-func OnReleased(f func()) Option { return func(l *Lease) { l.released = f } }
-
 // New returns a lease holding parts under id, retired through r. It is for
 // the budget package (and a Budget-like wrapper of a Store): consumers get
 // leases from Budget.Acquire, never from New.
-func New(id string, held Parts, r Retirer, opts ...Option) *Lease {
-	l := &Lease{id: id, r: r, held: held & All}
-	for _, o := range opts {
-		o(l)
-	}
-	return l
+func New(id string, held Parts, r Retirer) *Lease {
+	return &Lease{id: id, r: r, held: held & All}
+}
+
+// NewReleased is New for a lease that calls released once, when its
+// holder has retired every part (whether or not the store confirmed it):
+// a Budget counts the leases its holders still hold this way. Pass the
+// same func to every lease: it then costs none an allocation.
+func NewReleased(id string, held Parts, r Retirer, released func()) *Lease {
+	return &Lease{id: id, r: r, held: held & All, released: released}
 }
 
 // ID returns the lease's identifier, as the store knows it.
