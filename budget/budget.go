@@ -86,10 +86,10 @@ type Budget struct {
 	idPrefix string
 	idSeq    atomic.Uint64
 
-	held      atomic.Int64 // leases granted here, not yet released in full (counted when observed)
-	waiting   atomic.Int64 // Acquire calls waiting on the store
-	released  func() // given to every lease when observed (counts held); nil otherwise
-	mem       *memLine // this host's memory; see memory.go
+	held     atomic.Int64 // leases granted here, not yet released in full (counted when observed)
+	waiting  atomic.Int64 // Acquire calls waiting on the store
+	released func()       // given to every lease when observed (counts held); nil otherwise
+	mem      *memLine     // this host's memory; see memory.go
 
 	mu      sync.RWMutex
 	closed  bool
