@@ -134,7 +134,7 @@ call; a host that starts later with different limits of its own is refused
 Keys (several per --set, comma separated, or several --set flags):
   rps=F                requests per second per domain
   burst=N              starts that may bunch together (0: one second's worth)
-  list=N head=N get=N copy_source_read=N put=N delete=N
+  `+classKeys()+`
                        requests in flight per class per domain
   bodies=N             open response bodies per domain
 A value of 0 (or -) makes that dimension unbounded. Setting rps without
@@ -270,4 +270,17 @@ func (a *app) confirm(question string) error {
 		return nil
 	}
 	return &cmdError{code: exitDeclined, err: fmt.Errorf("not confirmed; nothing changed")}
+}
+
+// classKeys is the class keys of a --set list for help: one per class of
+// budget's table, "list=N head=N ...".
+func classKeys() string {
+	var b strings.Builder
+	for i, c := range budget.Classes() {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(string(c) + "=N")
+	}
+	return b.String()
 }
