@@ -134,7 +134,7 @@ call; a host that starts later with different limits of its own is refused
 Keys (several per --set, comma separated, or several --set flags):
   rps=F                requests per second per domain
   burst=N              starts that may bunch together (0: one second's worth)
-  `+classKeys()+`
+  ` + classKeys() + `
                        requests in flight per class per domain
   bodies=N             open response bodies per domain
 A value of 0 (or -) makes that dimension unbounded. Setting rps without
