@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
 	"github.com/runbudget/runbudget/internal/childproc"
+	"github.com/runbudget/runbudget/internal/loopback"
 )
 
 // server is a redis-server this program started for itself: loopback only,
@@ -48,7 +48,7 @@ func startServer(ctx context.Context, bin string, cluster bool) (*server, error)
 }
 
 func launchServer(ctx context.Context, bin string, cluster bool) (*server, error) {
-	port, err := freePort(cluster)
+	port, err := loopback.FreePort(cluster)
 	if err != nil {
 		return nil, err
 	}
@@ -96,41 +96,6 @@ func launchServer(ctx context.Context, bin string, cluster bool) (*server, error
 		return nil, fmt.Errorf("%w\n%s", err, tail)
 	}
 	return s, nil
-}
-
-// busPortOffset is the distance from a Cluster node's port to its cluster
-// bus port (Redis's default when cluster-port is not set).
-const busPortOffset = 10000
-
-// freePort returns a loopback port that was free a moment ago; for a
-// Cluster node, one whose bus port (10000 above it, at most 65535) was
-// free as well.
-func freePort(cluster bool) (int, error) {
-	var lastErr error
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, fmt.Errorf("picking a port: %w", err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		if !cluster {
-			l.Close()
-			return port, nil
-		}
-		if port+busPortOffset > 65535 {
-			l.Close()
-			continue
-		}
-		bus, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+busPortOffset)))
-		l.Close()
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		bus.Close()
-		return port, nil
-	}
-	return 0, fmt.Errorf("no free port pair for a Cluster node: %v", lastErr)
 }
 
 // waitReady polls PING on fresh connections until the server answers. No

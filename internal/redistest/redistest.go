@@ -28,8 +28,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
 	"github.com/runbudget/runbudget/internal/childproc"
+	"github.com/runbudget/runbudget/internal/loopback"
 )
 
 const (
@@ -49,9 +49,6 @@ const (
 	// pollInterval is the readiness polling period: no event tells us that
 	// another process is ready, so polling is the honest tool here.
 	pollInterval = 20 * time.Millisecond
-	// busPortOffset is the fixed distance from a cluster node's client port
-	// to its cluster bus port (Redis's default when cluster-port is unset).
-	busPortOffset = 10000
 	// logTailLines is how much of a server's log a failure message carries.
 	logTailLines = 30
 )
@@ -206,36 +203,13 @@ func quoteArg(s string) string {
 	return `"` + r.Replace(s) + `"`
 }
 
-// freePort returns a loopback port that was free a moment ago. For a cluster
-// node it also checks the bus port, port+10000, which rules out ports above
-// 55535. Nothing reserves the ports after return: callers retry on a bind
-// failure.
+// freePort picks a loopback port for a server (see loopback.FreePort).
 func freePort(cluster bool) (int, error) {
-	var lastErr error
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, fmt.Errorf("redistest: pick a port: %w", err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		if !cluster {
-			l.Close()
-			return port, nil
-		}
-		if port+busPortOffset > 65535 {
-			l.Close()
-			continue
-		}
-		bus, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+busPortOffset)))
-		l.Close()
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		bus.Close()
-		return port, nil
+	port, err := loopback.FreePort(cluster)
+	if err != nil {
+		return 0, fmt.Errorf("redistest: %w", err)
 	}
-	return 0, fmt.Errorf("redistest: no free port pair for a cluster node: %v", lastErr)
+	return port, nil
 }
 
 // Server is one redis-server process owned by a test. Its methods are safe
