@@ -444,6 +444,19 @@ const maxDone = 1000
 func (s *Store) beat(ctx context.Context, g *group, ids []string, start time.Time) ([]string, error) {
 	s.mu.Lock()
 	sid := g.sid
+	live := 0
+	for _, id := range ids {
+		if s.leases[id] != nil {
+			live++
+		}
+	}
+	if live == 0 {
+		// Every one was released, or lost with a session given up since
+		// Heartbeat listed them: nothing to renew, and the current session
+		// may not exist yet.
+		s.mu.Unlock()
+		return ids, nil
+	}
 	// Domain hashes must outlive the leases counting in them: each is
 	// checked once a quarter of the idle TTL (its TTL is renewed when less
 	// than half is left), not on every beat.
