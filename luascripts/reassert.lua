@@ -7,10 +7,10 @@
 -- it is. The budget stays quarantined (no new grants) for one TTL of the
 -- re-asserting host.
 --
--- The session is put back alive for one TTL, even if what Redis holds says
--- it expired or ended: that state is older than the host's, whose keeper
--- re-asserts only leases it renewed within a TTL (their session's deadline
--- came back from disk, or went with the rest).
+-- A dead session is put back alive for one TTL, even if what Redis holds
+-- says it expired or ended: that state is older than the host's, whose
+-- keeper re-asserts only leases it renewed within a TTL (their session's
+-- deadline came back from disk, or went with the rest).
 --
 -- KEYS[1]  config hash
 -- ARGV[1..3] the common arguments (lib.lua)
@@ -37,14 +37,15 @@ if lim.qu < now + ttl then
   redis.call('HSET', CFG, 'qu', I(lim.qu))
 end
 if n > 0 then
+  -- Alive, it is left to the heartbeat that follows to renew.
   local sexp = P .. 'sexp'
   local d = tonumber(redis.call('ZSCORE', sexp, sid))
-  if not d or d < now + ttl then
+  if not d or d <= now then
     redis.call('ZADD', sexp, I(now + ttl), sid)
     redis.call('PEXPIRE', sexp, IDLE)
     lower_rc(now + ttl)
+    if not d then redis.call('ZREM', P .. 'sgone', sid) end
   end
-  redis.call('ZREM', P .. 'sgone', sid)
 end
 local lx = P .. 'lx'
 local i, put = 7, 0
@@ -70,7 +71,7 @@ for _ = 1, n do
     put = put + 1
   end
 end
-if n > 0 then
+if put > 0 then
   redis.call('PEXPIRE', lx, IDLE)
   redis.call('PEXPIRE', P .. 'sl:' .. sid, IDLE)
 end
