@@ -468,7 +468,12 @@ end
 -- which only postpones the deadline of a live session (never a renewal of
 -- a dead one). Heartbeats renew a session every third of a TTL, so with a
 -- live holder this reads one score and writes nothing.
-local function session(sid, ttl, now)
+--
+-- A handoff grants on behalf of a queued waiter wid, whose process may
+-- have died since its last call: it creates or extends the session no
+-- further than the waiter's own liveness deadline, so a crashed process's
+-- leases are not kept past what its last call vouched for.
+local function session(sid, ttl, now, wid)
   local sx = P .. 'sexp'
   local d = tonumber(redis.call('ZSCORE', sx, sid))
   if d then
@@ -477,12 +482,19 @@ local function session(sid, ttl, now)
   elseif redis.call('ZSCORE', P .. 'sgone', sid) then
     return nil
   end
-  redis.call('ZADD', sx, I(now + ttl), sid)
+  local at = now + ttl
+  if wid then
+    local live = tonumber(redis.call('ZSCORE', P .. 'wexp', wid))
+    if live and live < at then at = live end
+    if d and d > at then return d - now end
+    if at <= now then return nil end
+  end
+  redis.call('ZADD', sx, I(at), sid)
   if not d then
     redis.call('PEXPIRE', sx, IDLE)
-    lower_rc(now + ttl)
+    lower_rc(at)
   end
-  return ttl
+  return at - now
 end
 
 -- Adds lease id to session sid's set.
@@ -595,7 +607,8 @@ local function retire(lid, r, b, popped)
 end
 
 -- A request as the scripts see it: req = {id, encs, class, body, consumer,
--- ch, sid, ttl (us)}, the caller's or a queued waiter's stored one.
+-- ch, sid, ttl (us), handoff}, the caller's or (handoff set) a queued
+-- waiter's stored one.
 
 -- check reports, without changing counts, whether req fits now: slot when a
 -- ceiling is full on a domain, and wait (us) for the rate or a pause.
@@ -625,7 +638,7 @@ end
 -- lease has to live, or nil, having changed nothing, when req's session
 -- is dead.
 local function grant(req, doms, lim, now)
-  local left = session(req.sid, req.ttl, now)
+  local left = session(req.sid, req.ttl, now, req.handoff and req.id)
   if not left then return nil end
   local fc = 'f' .. req.class
   for _, d in ipairs(doms) do
@@ -683,7 +696,7 @@ local function try_grant(wid, now)
   -- own call, which the quarantine delays.
   if now < lim.qu then return 'wait' end
   local req = {id = wid, encs = {}, class = tonumber(v[2]), body = tonumber(v[3]),
-    consumer = v[4] or '', ch = v[5], ttl = tonumber(v[6]), sid = v[7]}
+    consumer = v[4] or '', ch = v[5], ttl = tonumber(v[6]), sid = v[7], handoff = true}
   for e in string.gmatch(v[1], '%S+') do
     if head(P .. 'q:' .. e) ~= wid then return 'no' end
     req.encs[#req.encs + 1] = e

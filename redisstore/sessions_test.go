@@ -437,3 +437,44 @@ func TestHeartbeatCostFlat(t *testing.T) {
 		t.Errorf("a beat of 2000 leases runs %d commands, one of 1 lease %d: want the same", many, one)
 	}
 }
+
+// TestHandoffExtendsSessionOnlyAsFarAsTheWaiterVouches: a handoff grants a
+// queued waiter into its process's session, extending the session when
+// little of it is left, but no further than the waiter's own liveness
+// deadline: a process that crashed with leases held and a waiter queued
+// gets its slots back within a TTL of its last call.
+func TestHandoffExtendsSessionOnlyAsFarAsTheWaiterVouches(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	clock := newTestClock()
+	const ttl = 30 * time.Second
+	dead := sessionStore(t, c, "vouch", ttl, clock, 2)
+	live := sessionStore(t, c, "vouch", ttl, clock, 2)
+	t0 := clock.Now()
+	grantNow(t, dead, "held")
+	grantNow(t, live, "other")
+	clock.step(ttl / 2)
+	req, _ := get(dom("a")).Normalize()
+	if att, err := dead.TryAcquire(ctx, "queued", req); err != nil || att.Outcome != budget.Queued {
+		t.Fatalf("waiter: %+v %v", att, err)
+	}
+	vouched := clock.Now().Add(ttl) // the waiter's liveness deadline
+	clock.step(ttl / 10)
+	if err := live.Retire(ctx, "other", lease.All); err != nil { // hands the slot to the waiter
+		t.Fatal(err)
+	}
+	p := "rb:{" + hex.EncodeToString([]byte("vouch")) + "}:"
+	sid := redisstore.SessionID(dead)
+	if !c.SIsMember(ctx, p+"sl:"+sid, "queued").Val() {
+		t.Fatalf("the handoff did not grant the waiter into its session: %v", c.SMembers(ctx, p+"sl:"+sid).Val())
+	}
+	got, err := c.ZScore(ctx, p+"sexp", sid).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.UnixMicro(int64(got)); !d.Equal(vouched) {
+		t.Errorf("session deadline after the handoff: %v after the first grant, want %v (the waiter's liveness), not %v (a TTL from the handoff)",
+			d.Sub(t0), vouched.Sub(t0), clock.Now().Add(ttl).Sub(t0))
+	}
+}
