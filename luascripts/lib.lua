@@ -56,11 +56,14 @@
 -- generation), and lives as long as the session does. A heartbeat renews
 -- the session with a few commands however many leases it holds. A session
 -- is created by the first grant (or re-assertion) that names it, and a
--- grant that finds less than two thirds of a TTL left extends it, so a
--- lease always starts with that much. Once its deadline has passed it is
--- dead for good: no grant joins it and no beat renews it (the holder hears
--- R_SESSION_GONE and starts a new generation), and reclaim retires its
--- leases, RECLAIM per script, then ends it in sgone.
+-- grant that finds less than two thirds of a TTL left extends it (a
+-- handoff no further than the waiter's own liveness deadline), so a
+-- lease granted to a live process starts with that much. Once its
+-- deadline has passed it is dead for good: no grant joins it and no beat
+-- renews it (the holder hears R_SESSION_GONE and starts a new
+-- generation), and reclaim retires its leases, RECLAIM per script, then
+-- ends it in sgone.
+--
 -- Cost matters: on a loaded machine every command inside a script costs a
 -- microsecond or more, and every string formatted or table built a fraction
 -- of one, on every admission. So TTLs of the config and domain hashes are
