@@ -87,7 +87,7 @@ func TestShort(t *testing.T) {
 		}
 	}
 	for _, id := range []string{"P1a.d1", "P1b.d1", "P1c.d1", "P1a.d4", "P2a", "P2b", "P3", "P4a", "P4b", "P4c",
-		"P5", "P6.g1", "P6.g64", "P7a", "P7b", "P8a", "P8b", "scale", "Scale.cpu_flat", "Scale.cmds_flat", "Scale.local", "Scale.errors"} {
+		"P5", "P5b", "P6.g1", "P6.g64", "P7a", "P7b", "P8a", "P8b", "scale", "Scale.cpu_flat", "Scale.cmds_flat", "Scale.local", "Scale.errors"} {
 		if targets[id] == nil {
 			t.Errorf("target %s is missing", id)
 		}

@@ -37,11 +37,11 @@ func (w windowResult) scriptBusy() float64 {
 // window runs total lanes spread over the crew, lets them settle, then
 // counts what they do for one window. prefix, when set, is the key prefix
 // of the crew's budget: the sizes of its waiter and lease sets are sampled
-// during the window (ZCARD, whose calls are then taken out of the counts),
+// during the window (ZCARD and HLEN, whose calls are then taken out of the counts),
 // and before the window opens the waiters are awaited until there are
 // wantDepth of them.
 func (e *env) window(ctx context.Context, c crew, total int, prefix string, wantDepth int) (windowResult, error) {
-	waiters, leases := prefix+"wexp", prefix+"lexp"
+	waiters, leases := prefix+"wexp", prefix+"lx"
 	var res windowResult
 	for i, w := range c {
 		lanes := total / len(c)
@@ -95,7 +95,7 @@ func (e *env) window(ctx context.Context, c crew, total int, prefix string, want
 				tick.Stop()
 				return res, err
 			}
-			l, err := e.admin.ZCard(ctx, leases).Result()
+			l, err := e.admin.HLen(ctx, leases).Result()
 			if err != nil {
 				tick.Stop()
 				return res, err
@@ -126,9 +126,14 @@ func (e *env) window(ctx context.Context, c crew, total int, prefix string, want
 	res.done = count(m1) - count(m0)
 	res.elapsed = t1.Sub(t0)
 	res.delta = s1.since(s0)
+	// The samples' own commands are not the crew's.
 	if z, ok := res.delta["zcard"]; ok {
-		z.Calls -= int64(len(depths) + len(busy))
+		z.Calls -= int64(len(depths))
 		res.delta["zcard"] = z
+	}
+	if h, ok := res.delta["hlen"]; ok {
+		h.Calls -= int64(len(busy))
+		res.delta["hlen"] = h
 	}
 	res.depth, res.busy = median(depths), median(busy)
 	res.cpu = 100 * (cpu1 - cpu0) / res.elapsed.Seconds()

@@ -98,6 +98,8 @@ type sizes struct {
 	warm, window time.Duration // P3 and P4: warm-up, then the measured window
 	depths       []int         // P4 queue depths
 	hbLeases     int           // P5
+	hbFewLeases  int           // P5b: the small budget beside it
+	hbWindows    int           // P5: renewal intervals per round
 	hbTTL        time.Duration // P5
 	rcCalls      int           // P6 calls per round, 1 goroutine
 	rcCalls64    int           // ... 64 goroutines
@@ -112,13 +114,13 @@ func sizesFor(short bool) sizes {
 	if short {
 		return sizes{rounds: 3, rtCalls: 200, rtCalls64: 2000, p1Calls: 50, scriptCalls: 20, wakes: 20,
 			warm: 150 * time.Millisecond, window: 300 * time.Millisecond, depths: []int{10, 100},
-			hbLeases: 1000, hbTTL: 900 * time.Millisecond, rcCalls: 300, rcCalls64: 2000,
+			hbLeases: 1000, hbFewLeases: 100, hbWindows: 1, hbTTL: 900 * time.Millisecond, rcCalls: 300, rcCalls64: 2000,
 			inproc: 20 * time.Millisecond, p8Run: time.Second, scaleDomains: []int{1, 100}, memItems: 100,
 			shardGroups: []int{1, 4, 16}}
 	}
 	return sizes{rounds: 5, rtCalls: 2000, rtCalls64: 20000, p1Calls: 400, scriptCalls: 200, wakes: 200,
 		warm: 300 * time.Millisecond, window: 1500 * time.Millisecond, depths: []int{10, 100, 1000},
-		hbLeases: 10000, hbTTL: 3 * time.Second, rcCalls: 2000, rcCalls64: 20000,
+		hbLeases: 10000, hbFewLeases: 100, hbWindows: 3, hbTTL: 3 * time.Second, rcCalls: 2000, rcCalls64: 20000,
 		inproc: 150 * time.Millisecond, p8Run: 10 * time.Second, scaleDomains: []int{1, 100, 1000, 10000}, memItems: 1000,
 		shardGroups: []int{1, 4, 16}}
 }

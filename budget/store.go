@@ -105,7 +105,9 @@ type Attempt struct {
 	Wake <-chan struct{}
 	// GrantedAgo, for Granted, is how long before this call the store made
 	// the grant (a handoff, or a repeated call), by the store's clock. The
-	// lease's TTL runs from the grant, so renewals count from then.
+	// lease's TTL runs from the grant, so renewals count from then. A store
+	// whose leases share one renewal (redisstore's sessions) reports how
+	// much of the lease's TTL was already spent, which can be more.
 	GrantedAgo time.Duration
 	// Handoff, optional for Queued and Delayed, is set by the store, before
 	// it signals Wake, when another call's handoff granted the waiter: the

@@ -6,38 +6,46 @@
 -- ARGV[1..3] the common arguments (lib.lua)
 -- ARGV[4]  waiter id (becomes the lease id on a grant)
 -- ARGV[5]  process channel suffix (where wake events for this waiter go)
--- ARGV[6]  class index 0..NCLASS-1
--- ARGV[7]  1 if the request opens a body, else 0
--- ARGV[8]  consumer (diagnostics)
--- ARGV[9]  lease and waiter TTL, ms
--- ARGV[10] number of domains n, then ARGV[11..10+n] domain encodings
+-- ARGV[6]  session id: the session the lease joins (lib.lua, Sessions),
+--          by this call or by a handoff while the waiter is queued
+-- ARGV[7]  class index 0..NCLASS-1
+-- ARGV[8]  1 if the request opens a body, else 0
+-- ARGV[9]  consumer (diagnostics)
+-- ARGV[10] lease and waiter TTL, ms (a new session's too)
+-- ARGV[11] number of domains n, then ARGV[12..11+n] domain encodings
 --          (sorted, distinct)
 -- Every call looks for a lease and a waiter of its own id, even the first
 -- the client sends: go-redis resends a call whose reply timed out, and a
 -- call that skipped the look would grant the same id twice (fault 12).
 -- Memory is not an argument: each host's Budget keeps its own memory line.
 -- Returns:
---   {R_GRANTED, age_us}  granted; age_us is how long ago (0 now; more when
---                        an earlier call or another script's handoff
---                        granted it)
+--   {R_GRANTED, age_us}  granted; the lease lives at least TTL - age_us
+--                        from now without a heartbeat (its session's
+--                        deadline), and age_us is at least the time since
+--                        the grant (0 now; more when an earlier call or
+--                        another script's handoff granted it)
 --   {R_QUEUED}           queued: wait for a wake event
 --   {R_DELAYED, wait_us} delayed: try again after wait_us (rate or pause)
 --   {R_UNREGISTERED}     the budget is not registered (config missing)
+--   {R_SESSION_GONE}     the session is dead, and nothing was granted: call
+--                        again naming a new one (a queued waiter keeps its
+--                        place)
 -- While the budget is quarantined after a state loss, every call is delayed.
 -- Capacity this call frees (a waiter leaving) is handed to the next heads
 -- before it returns (lib.lua, done).
 
 local id = id_arg(ARGV[4], 'waiter id')
 local ch = id_arg(ARGV[5], 'process channel')
-local class = int(ARGV[6], 'class', 0, NCLASS - 1)
-local body = int(ARGV[7], 'body flag', 0, 1)
-local consumer = ARGV[8]
-local ttl = int(ARGV[9], 'lease ttl', 1, 86400000) * 1000
-local n = int(ARGV[10], 'domain count', 1, 10000)
-if #ARGV ~= 10 + n then bad('domain count does not match the arguments') end
+local sid = id_arg(ARGV[6], 'session id')
+local class = int(ARGV[7], 'class', 0, NCLASS - 1)
+local body = int(ARGV[8], 'body flag', 0, 1)
+local consumer = ARGV[9]
+local ttl = int(ARGV[10], 'lease ttl', 1, 86400000) * 1000
+local n = int(ARGV[11], 'domain count', 1, 10000)
+if #ARGV ~= 11 + n then bad('domain count does not match the arguments') end
 local encs = {}
-for i = 1, n do encs[i] = enc_arg(ARGV[10 + i]) end
-local req = {id = id, encs = encs, class = class, body = body, consumer = consumer, ch = ch, ttl = ttl}
+for i = 1, n do encs[i] = enc_arg(ARGV[11 + i]) end
+local req = {id = id, encs = encs, class = class, body = body, consumer = consumer, ch = ch, sid = sid, ttl = ttl}
 
 local now = clock()
 local lim = lims()
@@ -50,17 +58,31 @@ if now < lim.qu then
   return done({R_DELAYED, I(lim.qu - now)})
 end
 
-local granted_at = redis.call('HGET', P .. 'l:' .. id, 'g')
-if granted_at then
+local rec = redis.call('HGET', P .. 'lx', id)
+local l = rec and lease_unpack(rec)
+if l then
   -- A retried call, or a handoff: the grant stands, and is not made twice.
-  return done({R_GRANTED, I(math.max(0, now - tonumber(granted_at)))})
+  local left = session(sid, ttl, now)
+  if not left then return done({R_SESSION_GONE}) end
+  if l.sid ~= sid then
+    -- Granted in an earlier session of this process, which it gave up
+    -- while the grant's reply was on its way: nobody has held the lease
+    -- yet, and its slots still count, so it moves to the session named.
+    redis.call('SREM', P .. 'sl:' .. l.sid, id)
+    redis.call('HSET', P .. 'lx', id, lease_pack(l.hr, l.hb, l.c, l.g, sid, l.ds, l.cs))
+    join(sid, id)
+  end
+  return done({R_GRANTED, I(math.max(0, now - l.g, ttl - left))})
 end
 local wk = P .. 'w:' .. id
 
 local doms = {}
 for i, e in ipairs(encs) do doms[i] = dload(e) end
 
-local ticket = tonumber(redis.call('HGET', wk, 't'))
+local w = redis.call('HMGET', wk, 't', 'sn')
+local ticket = tonumber(w[1])
+-- A handoff grants into the session of the waiter's latest call.
+if ticket and w[2] ~= sid then redis.call('HSET', wk, 'sn', sid) end
 local joined = false -- queued by this call: its queues' TTLs are fresh
 if not ticket then
   -- First call: with nobody ahead anywhere, admit without queueing.
@@ -71,8 +93,9 @@ if not ticket then
   if empty then
     local slot, wait = check(req, doms, lim, now)
     if not slot and wait == 0 then
-      grant(req, doms, lim, now)
-      return done({R_GRANTED, '0'})
+      local left = grant(req, doms, lim, now)
+      if not left then return done({R_SESSION_GONE}) end
+      return done({R_GRANTED, I(math.max(0, ttl - left))})
     end
   end
   ticket = redis.call('HINCRBY', CFG, 'seq', 1)
@@ -81,7 +104,7 @@ if not ticket then
     redis.call('PEXPIRE', d.q, IDLE)
   end
   redis.call('HSET', wk, 't', I(ticket), 'ds', table.concat(encs, ' '), 'ch', ch,
-    'cs', consumer, 'c', I(class), 'b', I(body), 'at', I(now), 'ttl', I(ttl))
+    'sn', sid, 'cs', consumer, 'c', I(class), 'b', I(body), 'at', I(now), 'ttl', I(ttl))
   joined = true
 end
 -- Every call is also the waiter's liveness beat.
@@ -104,8 +127,9 @@ for _, d in ipairs(doms) do
   end
 end
 
-local r, wait = decide(req, doms, lim, now)
-if r == 'granted' then return done({R_GRANTED, '0'}) end
+local r, v = decide(req, doms, lim, now)
+if r == 'granted' then return done({R_GRANTED, I(math.max(0, ttl - v))}) end
 for _, d in ipairs(doms) do dsave(d, now, lim) end -- keep the refilled buckets
-if r == 'wait' then return done({R_DELAYED, I(wait)}) end
+if r == 'wait' then return done({R_DELAYED, I(v)}) end
+if r == 'gone' then return done({R_SESSION_GONE}) end
 return done({R_QUEUED})

@@ -2,7 +2,8 @@
 -- uses: lib.lua
 -- drop: an operator returns the leases of dead hosts at once instead of
 -- waiting for them to expire. Each is retired as a reclaim would, waking
--- whoever may move.
+-- whoever may move, and noted in its session's dropped set, so a holder
+-- that is still alive hears at its next heartbeat that the lease is lost.
 --
 -- KEYS[1]  config hash
 -- ARGV[1..3] the common arguments (lib.lua)
@@ -19,10 +20,14 @@ if not lim then return {R_UNREGISTERED} end
 touch_cfg(now)
 reclaim(now)
 local n = 0
-for _, lid in ipairs(redis.call('ZRANGE', P .. 'lexp', 0, -1)) do
-  if all == 1 or redis.call('HGET', P .. 'l:' .. lid, 'cs') == consumer then
-    retire(lid, 1, 1)
-    redis.call('ZREM', P .. 'lexp', lid)
+local leases = redis.call('HGETALL', P .. 'lx')
+for i = 1, #leases, 2 do
+  local l = lease_unpack(leases[i + 1])
+  if l and (all == 1 or l.cs == consumer) then
+    retire(leases[i], 1, 1)
+    local sd = P .. 'sd:' .. l.sid
+    redis.call('SADD', sd, leases[i])
+    redis.call('PEXPIRE', sd, IDLE)
     n = n + 1
   end
 end

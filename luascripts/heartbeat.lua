@@ -1,33 +1,47 @@
 #!lua flags=allow-oom
 -- uses: lib.lua
--- heartbeat: renew every live lease of one process in one call.
+-- heartbeat: renew one process's session in a group, which keeps every
+-- lease of the session alive: a few commands however many leases it holds.
 --
 -- KEYS[1]  config hash
 -- ARGV[1..3] the common arguments (lib.lua)
--- ARGV[4]  lease TTL, ms
--- ARGV[5]  number of lease ids n, then ARGV[6..5+n] the ids
--- ARGV[6+n] number of domain encodings m, then the encodings the leases use
---          (their hashes must outlive the leases that count in them)
--- ARGV[7+n+m] number of lease ids k whose hashes need their idle TTL
---          renewed, then those ids (the host tracks when it last had each
---          renewed: hashes are renewed rarely, not every beat)
--- ARGV[8+n+m+k] the epoch this host knows
+-- ARGV[4]  lease TTL, ms: the session lives that long from now
+-- ARGV[5]  session id
+-- ARGV[6]  1 to renew the idle TTLs of the session's keys (the host asks
+--          once a quarter of the idle TTL has passed since it last did),
+--          else 0
+-- ARGV[7]  number of domain encodings m, then ARGV[8..7+m] the encodings
+--          of domains the session's leases count in whose hashes must
+--          outlive them (the host lists each once per quarter idle TTL)
+-- ARGV[8+m] number of ids k, then ARGV[9+m..8+m+k] ids of leases or
+--          waiters this process is done with: a lease it stopped renewing,
+--          a cancellation that failed, a dropped lease it has heard of.
+--          Each is cancelled (as cancel.lua does) and taken off the
+--          session's dropped set; for one already gone that changes
+--          nothing.
+-- ARGV[9+m+k] the epoch this host knows
 -- Returns {R_UNREGISTERED} when the budget's config is gone,
 -- {R_NEW_EPOCH, epoch} when the epoch differs (the host must re-assert its
--- leases first), else {R_OK, ids no longer held (released, reclaimed or
--- expired)...}. An expired lease is reclaimed here rather than renewed:
--- renewal never brings a lease back.
+-- leases first), {R_SESSION_GONE} when the session is dead (expired, or
+-- ended by reclaim): every lease the host holds in it is lost, and it is
+-- never renewed again; else {R_OK, ids of the session's leases an operator
+-- dropped...}, repeated on every beat until the host lists them in
+-- ARGV[8+m], so a lost reply loses none.
 --
--- Cost: per 1000 leases one ZMSCORE and one ZADD XX, instead of commands per
--- lease, plus one PEXPIRE per lease hash the host asks to renew.
+-- Cost: TIME, the config's fields, INFO (restart detection) and three
+-- commands for the session, plus, when the host asks, a PEXPIRE per key
+-- and a PTTL per domain; nothing per lease.
 
 local ttl = int(ARGV[4], 'lease ttl', 1, 86400000) * 1000
-local n = int(ARGV[5], 'lease count', 0, 1000000)
-local m = int(ARGV[6 + n], 'domain count', 0, 1000000)
-local k = int(ARGV[7 + n + m] or '', 'renewal count', 0, 1000000)
-if #ARGV ~= 8 + n + m + k then bad('counts do not match the arguments') end
-for i = 6, 5 + n do id_arg(ARGV[i], 'lease id') end
-local known = ARGV[8 + n + m + k]
+local sid = id_arg(ARGV[5], 'session id')
+local renew = int(ARGV[6], 'renew flag', 0, 1)
+local m = int(ARGV[7], 'domain count', 0, 1000000)
+local k = int(ARGV[8 + m] or '', 'id count', 0, 1000000)
+if #ARGV ~= 9 + m + k then bad('counts do not match the arguments') end
+local encs, done_ids = {}, {}
+for i = 8, 7 + m do encs[#encs + 1] = enc_arg(ARGV[i]) end
+for i = 9 + m, 8 + m + k do done_ids[#done_ids + 1] = id_arg(ARGV[i], 'id') end
+local known = ARGV[9 + m + k]
 
 local now = clock()
 local epoch = redis.call('HGET', CFG, 'epoch')
@@ -36,41 +50,31 @@ if restarted() then epoch = new_epoch(now, ttl) end
 if epoch ~= known then return {R_NEW_EPOCH, epoch} end
 touch_cfg(now)
 reclaim(now)
-local lexp = P .. 'lexp'
-local exp = I(now + ttl)
-local missing = {R_OK}
-local CHUNK = 1000
-for first = 6, 5 + n, CHUNK do
-  local last = math.min(first + CHUNK - 1, 5 + n)
-  local ids = {}
-  for i = first, last do ids[#ids + 1] = ARGV[i] end
-  local scores = redis.call('ZMSCORE', lexp, unpack(ids))
-  local renew = {}
-  for i, lid in ipairs(ids) do
-    local e = tonumber(scores[i])
-    if not e or e <= now then
-      if e then
-        retire(lid, 1, 1)
-        redis.call('ZREM', lexp, lid)
-      end
-      missing[#missing + 1] = lid
-    else
-      renew[#renew + 1] = exp
-      renew[#renew + 1] = lid
-    end
+local sd = P .. 'sd:' .. sid
+if #done_ids > 0 then
+  for _, id in ipairs(done_ids) do
+    remove_waiter(id)
+    retire(id, 1, 1)
   end
-  if #renew > 0 then redis.call('ZADD', lexp, 'XX', unpack(renew)) end
+  for first = 1, #done_ids, 1000 do
+    redis.call('SREM', sd, unpack(done_ids, first, math.min(first + 999, #done_ids)))
+  end
 end
-if n > 0 then
-  redis.call('PEXPIRE', lexp, IDLE)
-  -- A renewal with a shorter TTL than before can move a deadline earlier.
-  lower_rc(now + ttl)
+local sexp = P .. 'sexp'
+local d = tonumber(redis.call('ZSCORE', sexp, sid))
+if not d or d <= now then return done({R_SESSION_GONE}) end
+redis.call('ZADD', sexp, I(now + ttl), sid)
+-- A renewal with a shorter TTL than before can move a deadline earlier.
+lower_rc(now + ttl)
+if renew == 1 then
+  redis.call('PEXPIRE', sexp, IDLE)
+  redis.call('PEXPIRE', P .. 'sl:' .. sid, IDLE)
+  redis.call('PEXPIRE', P .. 'lx', IDLE)
 end
-for i = 8 + n + m, 7 + n + m + k do
-  redis.call('PEXPIRE', P .. 'l:' .. id_arg(ARGV[i], 'lease id'), IDLE)
-end
-for i = 7 + n, 6 + n + m do
-  local dk = P .. 'd:' .. enc_arg(ARGV[i])
+for _, enc in ipairs(encs) do
+  local dk = P .. 'd:' .. enc
   if redis.call('PTTL', dk) < IDLE / 2 then redis.call('PEXPIRE', dk, IDLE) end
 end
-return done(missing)
+local out = {R_OK}
+for _, id in ipairs(redis.call('SMEMBERS', sd)) do out[#out + 1] = id end
+return done(out)

@@ -11,7 +11,8 @@
 --   now, epoch, limits (the stored JSON),
 --   domains: [{enc, f0..f<NCLASS-1>, b, tokens, burst, rate, factor, pause_us,
 --              queue, throttled}]   (tokens/burst/rate empty when unlimited)
---   leases:  [{id, ds, c, parts, consumer, granted, expires}]
+--   leases:  [{id, ds, c, parts, consumer, granted, expires, session}]
+--            (expires: the session's deadline; sessions by deadline)
 --   waiters: [{id, ds, c, b, consumer, ticket, arrived, expires}]
 -- Times are the call's clock (Redis TIME) in microseconds, as strings.
 
@@ -41,13 +42,19 @@ for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
   end
 end
 
-local ls = redis.call('ZRANGE', P .. 'lexp', 0, most - 1, 'WITHSCORES')
-for i = 1, #ls, 2 do
-  local v = redis.call('HMGET', P .. 'l:' .. ls[i], 'ds', 'c', 'hr', 'hb', 'cs', 'g')
-  if v[1] then
-    local parts = tonumber(v[3]) + 2 * tonumber(v[4])
-    out.leases[#out.leases + 1] = {id = ls[i], ds = v[1], c = v[2], parts = I(parts),
-      consumer = v[5] or '', granted = v[6] or '', expires = ls[i + 1]}
+local listed = 0
+local ss = redis.call('ZRANGE', P .. 'sexp', 0, -1, 'WITHSCORES')
+for i = 1, #ss, 2 do
+  if listed >= most then break end
+  for _, lid in ipairs(redis.call('SMEMBERS', P .. 'sl:' .. ss[i])) do
+    if listed >= most then break end
+    local v = redis.call('HGET', P .. 'lx', lid)
+    local l = v and lease_unpack(v)
+    if l then
+      listed = listed + 1
+      out.leases[#out.leases + 1] = {id = lid, ds = (string.gsub(l.ds, ',', ' ')), c = I(l.c),
+        parts = I(l.hr + 2 * l.hb), consumer = l.cs, granted = I(l.g), expires = ss[i + 1], session = ss[i]}
+    end
   end
 end
 

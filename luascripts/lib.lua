@@ -28,21 +28,41 @@
 --                seq (arrival tickets), epoch, qu (quarantine end
 --                after a state loss), rid (the Redis run_id that wrote it),
 --                rx (when its TTL runs out, us), rc (a time no later than
---                the earliest deadline in lexp and wexp: when reclaim is due)
+--                the earliest deadline in sexp and wexp: when reclaim is due)
 --   d:<enc>      hash: one domain's counts (f<class index>, b), bucket,
 --                throttle and start rate,
 --                rx (when its TTL runs out, us); zero fields may be absent
 --   q:<enc>      zset: waiters of a domain, scored by arrival ticket
 --   doms         zset: domain encodings, scored by when their TTL was last
 --                set (for Usage)
---   w:<id>       hash: a waiter (ticket, domains, process channel, flags)
+--   w:<id>       hash: a waiter (ticket, domains, process channel, session,
+--                flags)
 --   wexp         zset: waiter id -> liveness deadline (us)
---   l:<id>       hash: a lease (domains, class, parts held)
---   lexp         zset: lease id -> expiry (us)
+--   lx           hash: every lease, id -> packed record (see lease_pack)
+--   sexp         zset: session id -> deadline (us)
+--   sl:<sid>     set: the ids of session sid's leases
+--   sd:<sid>     set: ids of session sid's leases that an operator dropped,
+--                until its holder's heartbeat has acknowledged them
+--   sgone        zset: session id -> when reclaim ended it (us), for an
+--                idle TTL: a session named there is never renewed or
+--                created again, only re-asserted after a state loss
 --   wake:<proc>  pub/sub channel of one process; messages are waiter ids
 -- <enc> is "<version>.<hex of the ID bytes>", injective and free of braces.
 -- Memory is not here: each host keeps its own memory line (budget/memory.go),
 -- and the scripts never see a request's memory.
+--
+-- Sessions. A lease has no deadline of its own: it belongs to a session,
+-- one per process and group, named by the process (its channel and a
+-- generation), and lives as long as the session does. A heartbeat renews
+-- the session with a few commands however many leases it holds. A session
+-- is created by the first grant (or re-assertion) that names it, and a
+-- grant that finds less than two thirds of a TTL left extends it (a
+-- handoff no further than the waiter's own liveness deadline), so a
+-- lease granted to a live process starts with that much. Once its
+-- deadline has passed it is dead for good: no grant joins it and no beat
+-- renews it (the holder hears R_SESSION_GONE and starts a new
+-- generation), and reclaim retires its leases, RECLAIM per script, then
+-- ends it in sgone.
 --
 -- Cost matters: on a loaded machine every command inside a script costs a
 -- microsecond or more, and every string formatted or table built a fraction
@@ -74,6 +94,7 @@ local R_UNREGISTERED = '-2' -- the budget's config is missing (never made, or lo
 local R_CONFLICT = '-3'    -- register: other limits are stored, then their JSON
 local R_NEW_EPOCH = '-3'   -- heartbeat: the budget's epoch changed, then the new one
 local R_NO_STATE = '0'     -- reset: the domain had no state
+local R_SESSION_GONE = '-4' -- acquire, heartbeat: the session named is dead
 
 -- Per-call state, set by begin.
 local CFG, P, PUB, IDLE -- config key, key prefix, publish command, idle TTL (ms)
@@ -421,10 +442,80 @@ local function lower_rc(at)
   end
 end
 
--- Sets the deadline of id in zset z (lexp or wexp).
+-- Sets the deadline of id in zset z (wexp: a waiter's liveness).
 local function deadline(z, at, id)
   redis.call('ZADD', z, I(at), id)
   lower_rc(at)
+end
+
+-- A lease is one field of lx: its id -> "<hr><hb> <class> <granted> <sid>
+-- <encs> <consumer>": hr and hb are 1 while its request slot and its body
+-- slot are held, granted is the grant's time (us), sid its session, encs
+-- its domain encodings joined by commas, consumer the rest of the string
+-- (any bytes). One field instead of a hash per lease: the leases of a
+-- group share one key, so one PEXPIRE keeps them all.
+local function lease_pack(hr, hb, class, granted, sid, encs, consumer)
+  return I(hr) .. I(hb) .. ' ' .. I(class) .. ' ' .. I(granted) .. ' ' .. sid .. ' ' .. encs .. ' ' .. consumer
+end
+
+local function lease_unpack(v)
+  local hr, hb, c, g, sid, ds, cs = string.match(v, '^([01])([01]) (%d+) (%d+) (%S+) (%S+) (.*)$')
+  if not hr then return nil end
+  return {hr = tonumber(hr), hb = tonumber(hb), c = tonumber(c), g = tonumber(g), sid = sid, ds = ds, cs = cs}
+end
+
+-- session returns how long (us) session sid has left for a lease granted
+-- now, or nil when the session is dead (its deadline passed, or reclaim
+-- ended it). A session named for the first time is created with ttl (us)
+-- to live; one with less than two thirds of ttl left is extended to ttl,
+-- which only postpones the deadline of a live session (never a renewal of
+-- a dead one). Heartbeats renew a session every third of a TTL, so with a
+-- live holder this reads one score and writes nothing.
+--
+-- A handoff grants on behalf of a queued waiter wid, whose process may
+-- have died since its last call: it creates or extends the session no
+-- further than the waiter's own liveness deadline, so a crashed process's
+-- leases are not kept past what its last call vouched for.
+local function session(sid, ttl, now, wid)
+  local sx = P .. 'sexp'
+  local d = tonumber(redis.call('ZSCORE', sx, sid))
+  if d then
+    if d <= now then return nil end
+    if d - now >= ttl * 2 / 3 then return d - now end
+  elseif redis.call('ZSCORE', P .. 'sgone', sid) then
+    return nil
+  end
+  local at = now + ttl
+  if wid then
+    local live = tonumber(redis.call('ZSCORE', P .. 'wexp', wid))
+    if live and live < at then at = live end
+    if d and d > at then return d - now end
+    if at <= now then return nil end
+  end
+  redis.call('ZADD', sx, I(at), sid)
+  if not d then
+    redis.call('PEXPIRE', sx, IDLE)
+    lower_rc(at)
+  end
+  return at - now
+end
+
+-- Adds lease id to session sid's set.
+local function join(sid, id)
+  local sl = P .. 'sl:' .. sid
+  redis.call('SADD', sl, id)
+  redis.call('PEXPIRE', sl, IDLE)
+end
+
+-- Ends session sid, whose leases are all retired: its name goes to sgone
+-- (pruned of names older than an idle TTL as it goes).
+local function end_session(sid, now)
+  local gone = P .. 'sgone'
+  redis.call('ZREM', P .. 'sexp', sid)
+  redis.call('ZADD', gone, I(now), sid)
+  redis.call('ZREMRANGEBYSCORE', gone, '-inf', I(now - IDLE * 1000))
+  redis.call('PEXPIRE', gone, IDLE)
+  redis.call('DEL', P .. 'sd:' .. sid)
 end
 
 local function wake(wid)
@@ -468,26 +559,31 @@ local function remove_waiter(wid)
 end
 
 -- Returns parts of lease lid (r, b are 0 or 1); the heads of its queues
--- become candidates.
-local function retire(lid, r, b)
-  local lk = P .. 'l:' .. lid
-  local v = redis.call('HMGET', lk, 'ds', 'c', 'hr', 'hb')
-  if not v[1] then
-    redis.call('ZREM', P .. 'lexp', lid)
-    return
+-- become candidates. popped says reclaim has already taken lid out of its
+-- session's set. Returns the lease's record as it was (nil when unknown).
+local function retire(lid, r, b, popped)
+  local lx = P .. 'lx'
+  local v = redis.call('HGET', lx, lid)
+  if not v then return nil end
+  local l = lease_unpack(v)
+  if not l then
+    -- Only these scripts write lx; a record they cannot read is dropped
+    -- rather than kept forever.
+    redis.call('HDEL', lx, lid)
+    return nil
   end
-  local c, hr, hb = tonumber(v[2]), tonumber(v[3]), tonumber(v[4])
+  local hr, hb = l.hr, l.hb
   local dr = (r == 1 and hr == 1)
   local db = (b == 1 and hb == 1)
   if dr or db then
-    for enc in string.gmatch(v[1], '%S+') do
+    for enc in string.gmatch(l.ds, '[^,]+') do
       local dk = P .. 'd:' .. enc
       DC[enc] = nil
       -- A domain hash outlives its leases (heartbeats refresh it), so a
       -- count below zero means the hash went with its counts (a state
       -- loss): undo, and never leave a key this created without a TTL.
       local fields = {}
-      if dr then fields[#fields + 1] = 'f' .. c end
+      if dr then fields[#fields + 1] = 'f' .. l.c end
       if db then fields[#fields + 1] = 'b' end
       for _, f in ipairs(fields) do
         if redis.call('HINCRBY', dk, f, -1) < 0 then
@@ -505,15 +601,17 @@ local function retire(lid, r, b)
   if dr then hr = 0 end
   if db then hb = 0 end
   if hr == 0 and hb == 0 then
-    redis.call('DEL', lk)
-    redis.call('ZREM', P .. 'lexp', lid)
-  else
-    redis.call('HSET', lk, 'hr', I(hr), 'hb', I(hb))
+    redis.call('HDEL', lx, lid)
+    if not popped then redis.call('SREM', P .. 'sl:' .. l.sid, lid) end
+  elseif dr or db then
+    redis.call('HSET', lx, lid, I(hr) .. I(hb) .. string.sub(v, 3))
   end
+  return l
 end
 
 -- A request as the scripts see it: req = {id, encs, class, body, consumer,
--- ch, ttl (us)}, the caller's or a queued waiter's stored one.
+-- ch, sid, ttl (us), handoff}, the caller's or (handoff set) a queued
+-- waiter's stored one.
 
 -- check reports, without changing counts, whether req fits now: slot when a
 -- ceiling is full on a domain, and wait (us) for the rate or a pause.
@@ -538,9 +636,13 @@ local function check(req, doms, lim, now)
   return slot, wait
 end
 
--- grant charges req to its domains and records the lease; check has just
--- refilled the buckets at now.
+-- grant charges req to its domains and records the lease in its session;
+-- check has just refilled the buckets at now. Returns the time (us) the
+-- lease has to live, or nil, having changed nothing, when req's session
+-- is dead.
 local function grant(req, doms, lim, now)
+  local left = session(req.sid, req.ttl, now, req.handoff and req.id)
+  if not left then return nil end
   local fc = 'f' .. req.class
   for _, d in ipairs(doms) do
     d[fc] = d[fc] + 1
@@ -558,51 +660,53 @@ local function grant(req, doms, lim, now)
     end
     dsave(d, now, lim)
   end
-  local lk = P .. 'l:' .. req.id
-  redis.call('HSET', lk, 'ds', table.concat(req.encs, ' '), 'c', I(req.class),
-    'hr', '1', 'hb', I(req.body), 'cs', req.consumer, 'g', I(now), 'ch', req.ch)
-  redis.call('PEXPIRE', lk, I(IDLE))
-  deadline(P .. 'lexp', now + req.ttl, req.id)
-  redis.call('PEXPIRE', P .. 'lexp', IDLE)
+  local lx = P .. 'lx'
+  redis.call('HSET', lx, req.id, lease_pack(1, req.body, req.class, now, req.sid,
+    table.concat(req.encs, ','), req.consumer))
+  redis.call('PEXPIRE', lx, IDLE)
+  join(req.sid, req.id)
+  return left
 end
 
 -- decide is the one admission decision for a queued waiter that heads all
 -- its queues, made on its own call (acquire) or on its behalf (try_grant):
--- it grants when everything fits. Returns 'granted', 'wait' and the wait in
--- us (the rate or a pause), or 'blocked' (a ceiling). Mirrors
--- memStore.attempt.
+-- it grants when everything fits. Returns 'granted' and the time the lease
+-- has to live (us), 'wait' and the wait in us (the rate or a pause),
+-- 'blocked' (a ceiling), or 'gone' (it fits, but its session is dead).
+-- Mirrors memStore.attempt.
 local function decide(req, doms, lim, now)
   local slot, wait = check(req, doms, lim, now)
   if slot then return 'blocked', 0 end
   if wait > 0 then return 'wait', wait end
-  grant(req, doms, lim, now)
+  local left = grant(req, doms, lim, now)
+  if not left then return 'gone', 0 end
   remove_waiter(req.id)
-  return 'granted', 0
+  return 'granted', left
 end
 
 -- try_grant admits queued waiter wid on its stored request if it heads all
 -- its queues and fits now, and tells it so. Returns 'granted', 'wait' (held
 -- back by the rate or a pause), 'blocked' (a ceiling), 'no' (not a head of
--- every queue, or gone), or 'unknown' (a waiter without a stored request:
--- just wake it).
+-- every queue, or gone), or 'unknown' (a waiter without a stored request,
+-- or whose session is dead: just wake it, and its own call sorts it out).
 local function try_grant(wid, now)
   local lim = lims()
-  local v = redis.call('HMGET', P .. 'w:' .. wid, 'ds', 'c', 'b', 'cs', 'ch', 'ttl')
+  local v = redis.call('HMGET', P .. 'w:' .. wid, 'ds', 'c', 'b', 'cs', 'ch', 'ttl', 'sn')
   if not v[1] then return 'no' end
-  if not lim or not v[6] then return 'unknown' end
+  if not lim or not v[6] or not v[7] then return 'unknown' end
   -- No grant while the budget is quarantined after a state loss (waiters
   -- can survive a restart from AOF); the waiter learns how long from its
   -- own call, which the quarantine delays.
   if now < lim.qu then return 'wait' end
   local req = {id = wid, encs = {}, class = tonumber(v[2]), body = tonumber(v[3]),
-    consumer = v[4] or '', ch = v[5], ttl = tonumber(v[6])}
+    consumer = v[4] or '', ch = v[5], ttl = tonumber(v[6]), sid = v[7], handoff = true}
   for e in string.gmatch(v[1], '%S+') do
     if head(P .. 'q:' .. e) ~= wid then return 'no' end
     req.encs[#req.encs + 1] = e
   end
   local doms = {}
   for i, e in ipairs(req.encs) do doms[i] = dload(e) end
-  local r = decide(req, doms, lim, now)
+  local r, left = decide(req, doms, lim, now)
   if r ~= 'granted' then
     -- Keep what check refilled where the rate changes with time (a
     -- throttled domain, its factor climbing back): a refill credits the
@@ -613,11 +717,13 @@ local function try_grant(wid, now)
     for _, d in ipairs(doms) do
       if d.th == 1 then dsave(d, now, lim) end
     end
+    if r == 'gone' then return 'unknown' end
     return r
   end
-  -- The message carries the grant: the waiter need not call to learn it
-  -- (if the message is lost, its next call finds the lease).
-  redis.call(PUB, P .. 'wake:' .. req.ch, 'granted ' .. wid)
+  -- The message carries the grant, its session and how much of a TTL the
+  -- lease has already spent: the waiter need not call to learn it (if the
+  -- message is lost, its next call finds the lease).
+  redis.call(PUB, P .. 'wake:' .. req.ch, 'granted ' .. wid .. ' ' .. req.sid .. ' ' .. I(math.max(0, req.ttl - left)))
   return 'granted'
 end
 
@@ -644,33 +750,40 @@ local function done(result)
   return result
 end
 
--- Reclaims, in bounded work, leases and waiters whose holders stopped
--- renewing them. Every script runs it, so no daemon is needed; it scans
--- only once the config's rc is reached (a deadline may have passed), and
--- then sets rc to the earliest deadline left, or a second from now if that
--- is sooner. Renewals only push deadlines later, so rc stays a lower bound
--- between scans; the one-second cap bounds the delay for deadlines written
--- without lowering rc (hosts of an older version during a rolling upgrade,
--- a hand edit), for a scan a second.
+-- Reclaims, in bounded work, the leases of dead sessions and the waiters
+-- whose holders stopped renewing them. Every script runs it, so no daemon
+-- is needed; it scans only once the config's rc is reached (a deadline may
+-- have passed), and then sets rc to the earliest deadline left, or a
+-- second from now if that is sooner. A dead session's leases are retired
+-- RECLAIM per script, in all; a session with some left keeps its past
+-- deadline, so rc stays behind now and the next script goes on, and one
+-- found empty is ended. Renewals only push deadlines later, so rc stays a
+-- lower bound between scans; the one-second cap bounds the delay for
+-- deadlines written without lowering rc (a hand edit), for a scan a second.
 local RECLAIM = 16
 local RESCAN = 1000000 -- us
 local function reclaim(now)
   local lim = lims()
   if lim and now < lim.rc then return end
-  local lexp, wexp = P .. 'lexp', P .. 'wexp'
-  local ids = redis.call('ZRANGEBYSCORE', lexp, '-inf', I(now), 'LIMIT', 0, RECLAIM)
-  for _, lid in ipairs(ids) do
-    retire(lid, 1, 1)
-    redis.call('ZREM', lexp, lid)
+  local sexp, wexp = P .. 'sexp', P .. 'wexp'
+  local left = RECLAIM
+  local sids = redis.call('ZRANGEBYSCORE', sexp, '-inf', I(now), 'LIMIT', 0, RECLAIM)
+  for _, sid in ipairs(sids) do
+    if left == 0 then break end
+    local ids = redis.call('SPOP', P .. 'sl:' .. sid, left)
+    for _, lid in ipairs(ids) do retire(lid, 1, 1, true) end
+    left = left - #ids
+    -- Fewer than asked: the set is empty now.
+    if left > 0 then end_session(sid, now) end
   end
-  ids = redis.call('ZRANGEBYSCORE', wexp, '-inf', I(now), 'LIMIT', 0, RECLAIM)
+  local ids = redis.call('ZRANGEBYSCORE', wexp, '-inf', I(now), 'LIMIT', 0, RECLAIM)
   for _, wid in ipairs(ids) do
     remove_waiter(wid)
   end
   if lim then
-    -- With a full batch, the head is still due and the next script goes on.
+    -- With work left, the head is still due and the next script goes on.
     local rc = now + RESCAN
-    for _, z in ipairs({lexp, wexp}) do
+    for _, z in ipairs({sexp, wexp}) do
       local h = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
       if h[2] then rc = math.min(rc, tonumber(h[2])) end
     end

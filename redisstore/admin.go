@@ -168,7 +168,7 @@ func (a *Admin) List(ctx context.Context) ([]BudgetSummary, error) {
 		p := strings.TrimSuffix(k, "cfg")
 		pipe := a.client.Pipeline()
 		doms := pipe.ZCard(ctx, p+"doms")
-		leases := pipe.ZCard(ctx, p+"lexp")
+		leases := pipe.HLen(ctx, p+"lx")
 		waiters := pipe.ZCard(ctx, p+"wexp")
 		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 			return nil, fmt.Errorf("redisstore: listing budgets: %w: %v", budget.ErrUnavailable, err)
@@ -228,7 +228,10 @@ type LeaseState struct {
 	Class     budget.OpClass  `json:"class"`
 	Parts     string          `json:"parts"`
 	Age       time.Duration   `json:"age"`
-	ExpiresIn time.Duration   `json:"expires_in"`
+	ExpiresIn time.Duration   `json:"expires_in"` // its session's deadline
+	// Session is the holder process's session in the lease's group: every
+	// lease of one process there shares it, and its deadline.
+	Session string `json:"session"`
 }
 
 // WaiterState is one waiter of an Inspection.
@@ -340,7 +343,7 @@ func (a *Admin) inspectGroup(ctx context.Context, cfgKey, name string, most int)
 	for _, r := range raw.Leases {
 		in.Leases = append(in.Leases, LeaseState{ID: r["id"], Consumer: r["consumer"], Domains: p.domains(r["ds"]),
 			Class: p.class(r["c"]), Parts: lease.Parts(p.int(r["parts"])).String(),
-			Age: usSince(now, p.us(r["granted"])), ExpiresIn: -usSince(now, p.us(r["expires"]))})
+			Age: usSince(now, p.us(r["granted"])), ExpiresIn: -usSince(now, p.us(r["expires"])), Session: r["session"]})
 	}
 	for _, r := range raw.Waiters {
 		in.Waiters = append(in.Waiters, WaiterState{ID: r["id"], Consumer: r["consumer"], Domains: p.domains(r["ds"]),

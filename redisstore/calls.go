@@ -107,9 +107,9 @@ func (s *Store) reregister(ctx context.Context, g *group) error {
 }
 
 // reassert puts this process's leases in group g back into Redis after the
-// group's epoch changed, then records the new epoch (empty: read it from
-// Redis). Until it succeeds the old epoch stays, so the next heartbeat
-// tries again rather than declaring the leases lost.
+// group's epoch changed, in its session, then records the new epoch (empty:
+// read it from Redis). Until it succeeds the old epoch stays, so the next
+// heartbeat tries again rather than declaring the leases lost.
 func (s *Store) reassert(ctx context.Context, g *group, epoch string) error {
 	s.reasserting.Lock()
 	defer s.reasserting.Unlock()
@@ -118,17 +118,19 @@ func (s *Store) reassert(ctx context.Context, g *group, epoch string) error {
 		id string
 		h  heldLease
 	}
+	sid := g.sid
 	all := make([]one, 0, len(s.leases))
 	for id, h := range s.leases {
-		if h.g == g {
+		if h.g == g && h.sid == sid {
 			all = append(all, one{id, *h})
 		}
 	}
 	s.mu.Unlock()
+	sent := s.now()
 	const chunk = 500
 	for start := 0; start < len(all) || start == 0; start += chunk {
 		part := all[start:min(start+chunk, len(all))]
-		args := s.args(ms(s.ttl), len(part))
+		args := s.args(ms(s.ttl), sid, len(part))
 		for _, x := range part {
 			args = append(args, x.id, x.h.class, int(x.h.held), x.h.consumer, len(x.h.encs))
 			for _, e := range x.h.encs {
@@ -157,6 +159,9 @@ func (s *Store) reassert(ctx context.Context, g *group, epoch string) error {
 	}
 	s.mu.Lock()
 	g.epoch = epoch
+	if len(all) > 0 {
+		s.confirmLocked(g, sid, sent) // the session lives a TTL from the call
+	}
 	s.mu.Unlock()
 	return nil
 }
@@ -164,7 +169,10 @@ func (s *Store) reassert(ctx context.Context, g *group, epoch string) error {
 // TryAcquire implements budget.Store. A request's MemoryBytes is ignored:
 // memory is the host's, reserved by the Budget before it asks the store.
 // With WithShardKey, a request whose domains fall in two groups is refused
-// with an error wrapping budget.ErrInvalidRequest.
+// with an error wrapping budget.ErrInvalidRequest. A grant joins this
+// process's session in the group; GrantedAgo counts the lease's TTL from
+// the session's last renewal, so the keeper never counts it past the
+// session's deadline.
 func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (budget.Attempt, error) {
 	g, err := s.groupOf(ctx, req.Domains)
 	if err != nil {
@@ -175,38 +183,49 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 	for i, d := range req.Domains {
 		encs[i] = encodeDomain(d)
 	}
+	record := func(sid string, basis time.Time) {
+		s.leases[id] = &heldLease{g: g, sid: sid, encs: encs, class: req.Class.Index(), consumer: req.Consumer, held: held, listed: s.now()}
+		s.confirmLocked(g, sid, basis)
+	}
 	s.mu.Lock()
 	w := s.wakes[id]
-	if w != nil && w.granted {
+	if w != nil && w.granted && w.grantSid == g.sid {
 		// Granted by handoff: the script said so, no call needed. The
-		// lease's TTL started at the grant, which came after this waiter's
-		// previous call (it was queued then): count renewals from that call,
-		// which can only be early, never late. A lost message falls back to
-		// the waiter's next call, which finds the lease.
+		// grant came after this waiter's previous call (it was queued
+		// then), with grantAge of its session's TTL already spent: count
+		// renewals from that call, less that age, which can only be early,
+		// never late. A lost message falls back to the waiter's next call,
+		// which finds the lease. A grant into a session this store has
+		// given up since is collected by a call, which moves it into the
+		// current one.
 		delete(s.wakes, id)
-		s.leases[id] = &heldLease{g: g, encs: encs, class: req.Class.Index(), consumer: req.Consumer, held: held, renewed: w.lastCall}
+		basis := w.lastCall.Add(-w.grantAge)
+		record(g.sid, basis)
 		s.mu.Unlock()
-		return budget.Attempt{Outcome: budget.Granted, GrantedAgo: s.now().Sub(w.lastCall)}, nil
+		return budget.Attempt{Outcome: budget.Granted, GrantedAgo: s.now().Sub(basis)}, nil
 	}
 	if w == nil {
 		w = &waiting{g: g, wake: make(chan struct{}, 1)}
 		s.wakes[id] = w
 	}
 	w.lastCall = s.now()
+	w.granted = false
 	g.used = w.lastCall
 	sent := w.lastCall
 	wake := w.wake
+	sid := s.sessionLocked(g, sent)
 	s.mu.Unlock()
 	body := 0
 	if req.OpensBody {
 		body = 1
 	}
-	args := s.args(id, s.proc, req.Class.Index(), body, req.Consumer, ms(s.ttl))
+	args := s.args(id, s.proc, sid, req.Class.Index(), body, req.Consumer, ms(s.ttl))
+	const sidArg = 5 // after the three common arguments, the id and the channel
 	args = append(args, len(encs))
 	for _, e := range encs {
 		args = append(args, e)
 	}
-	for range 2 {
+	for range 4 {
 		res, err := s.run(ctx, g, "acquire", s.sc.acquire, args...)
 		if err != nil {
 			return budget.Attempt{}, err
@@ -218,22 +237,37 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 				return budget.Attempt{}, err
 			}
 			continue
+		case errors.Is(err, errSessionGone):
+			s.sessionGone(g, sid)
+			s.mu.Lock()
+			sid = s.sessionLocked(g, s.now())
+			s.mu.Unlock()
+			args[sidArg] = sid
+			continue
 		case err != nil:
 			return budget.Attempt{}, err
 		}
 		switch r.outcome {
 		case budget.Granted:
-			s.unwatch(id)
 			s.mu.Lock()
-			s.leases[id] = &heldLease{g: g, encs: encs, class: req.Class.Index(), consumer: req.Consumer, held: held, renewed: sent.Add(-r.age)}
+			if g.sid != sid {
+				// The session was given up while the call was out: call
+				// again, which moves the lease into the current one.
+				sid = g.sid
+				s.mu.Unlock()
+				args[sidArg] = sid
+				continue
+			}
+			record(sid, sent.Add(-r.age))
 			s.mu.Unlock()
+			s.unwatch(id)
 			return budget.Attempt{Outcome: budget.Granted, GrantedAgo: r.age}, nil
 		case budget.Delayed:
 			return budget.Attempt{Outcome: budget.Delayed, Wait: r.wait, Wake: wake}, nil
 		}
 		return budget.Attempt{Outcome: budget.Queued, Wake: wake}, nil
 	}
-	return budget.Attempt{}, fmt.Errorf("redisstore: acquire: %w: budget config keeps disappearing", budget.ErrUnavailable)
+	return budget.Attempt{}, fmt.Errorf("redisstore: acquire: %w: budget config or session keeps disappearing", budget.ErrUnavailable)
 }
 
 // groupOfID returns the group where this process placed waiter or lease
@@ -267,13 +301,16 @@ func (s *Store) Cancel(ctx context.Context, id string) error {
 	if err == nil {
 		err = decodeOK("cancel", res)
 	}
-	if err != nil {
-		return err
-	}
 	s.mu.Lock()
 	delete(s.leases, id)
+	if err != nil {
+		// A grant under id whose reply was lost would otherwise live as
+		// long as this process's session: the group's next heartbeat
+		// cancels it again.
+		g.done[id] = struct{}{}
+	}
 	s.mu.Unlock()
-	return nil
+	return err
 }
 
 // Retire implements budget.Store. The Memory part is not the store's (the
@@ -312,19 +349,39 @@ func (s *Store) Retire(ctx context.Context, id string, parts lease.Parts) error 
 	return nil
 }
 
-// Heartbeat implements budget.Store: one script call per group renews
-// every listed lease there and keeps the hashes of their domains alive
-// (the calls to different groups run side by side). It also lists again,
-// in one call, the groups whose registry entry is due (a quarter of the
-// idle TTL old) and that this process used since.
+// Heartbeat implements budget.Store: one script call per group renews this
+// process's session there, which keeps every lease of the session alive,
+// and keeps the hashes of their domains alive (the calls to different
+// groups run side by side). It also lists again, in one call, the groups
+// whose registry entry is due (a quarter of the idle TTL old) and that
+// this process used since.
+//
+// The IDs missing are those this store no longer holds: released, dropped
+// by an operator (the beat hears of it from Redis), or in a session that
+// is dead. A lease of a group beaten now that no heartbeat has listed for
+// a TTL is one its holder stopped renewing: it is retired with the beat,
+// as it would have expired in Redis without sessions. When the beats of
+// some groups fail and others go through, the error is a
+// *lease.PartialError naming the leases that were not renewed.
 func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
 	start := s.now()
 	byGroup := make(map[*group][]string)
 	var due []*group
+	var missing []string
 	s.mu.Lock()
 	for _, id := range ids {
-		if h := s.leases[id]; h != nil {
-			byGroup[h.g] = append(byGroup[h.g], id)
+		h := s.leases[id]
+		if h == nil {
+			missing = append(missing, id) // released meanwhile, or its session is gone
+			continue
+		}
+		h.listed = start
+		byGroup[h.g] = append(byGroup[h.g], id)
+	}
+	for id, h := range s.leases {
+		if _, ok := byGroup[h.g]; ok && start.Sub(h.listed) >= s.ttl {
+			h.g.done[id] = struct{}{}
+			delete(s.leases, id)
 		}
 	}
 	for _, g := range s.groups {
@@ -345,22 +402,10 @@ func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
 	for g := range byGroup {
 		gs = append(gs, g)
 	}
-	var (
-		mu      sync.Mutex
-		missing []string
-	)
-	// An ID this store does not hold (released meanwhile) is missing.
-	for _, id := range ids {
-		s.mu.Lock()
-		_, ok := s.leases[id]
-		s.mu.Unlock()
-		if !ok {
-			missing = append(missing, id)
-		}
-	}
 	// Groups beat apart: one on an unreachable master must not cost the
 	// leases of the others (the keeper would hear no renewal at all).
 	var (
+		mu       sync.Mutex
 		failed   []string
 		firstErr error
 		beaten   int
@@ -389,40 +434,71 @@ func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
 	return missing, &lease.PartialError{Failed: failed, Err: firstErr}
 }
 
-// beat renews the leases ids of group g, as Heartbeat does for one group.
+// maxDone bounds the ids one beat cancels (see heartbeat.lua): the rest
+// wait for the next beats, so no beat runs long after many leases were
+// given up at once.
+const maxDone = 1000
+
+// beat renews this process's session in group g, as Heartbeat does for one
+// group, and returns the ids among ids it no longer holds.
 func (s *Store) beat(ctx context.Context, g *group, ids []string, start time.Time) ([]string, error) {
-	seen := make(map[string]struct{})
-	var encs, renew []string
 	s.mu.Lock()
+	sid := g.sid
+	live := 0
 	for _, id := range ids {
-		if h := s.leases[id]; h != nil {
-			if start.Sub(h.renewed) > s.idle/4 {
-				renew = append(renew, id)
+		if s.leases[id] != nil {
+			live++
+		}
+	}
+	if live == 0 {
+		// Every one was released, or lost with a session given up since
+		// Heartbeat listed them: nothing to renew, and the current session
+		// may not exist yet.
+		s.mu.Unlock()
+		return ids, nil
+	}
+	// Domain hashes must outlive the leases counting in them: each is
+	// checked once a quarter of the idle TTL (its TTL is renewed when less
+	// than half is left), not on every beat.
+	var encs []string
+	kept := make(map[string]time.Time, len(g.domsRenewed))
+	for _, id := range ids {
+		h := s.leases[id]
+		if h == nil {
+			continue
+		}
+		for _, e := range h.encs {
+			if _, ok := kept[e]; ok {
+				continue
 			}
-			for _, e := range h.encs {
-				if _, ok := seen[e]; !ok {
-					seen[e] = struct{}{}
-					encs = append(encs, e)
-				}
+			t := g.domsRenewed[e]
+			kept[e] = t
+			if start.Sub(t) > s.idle/4 {
+				encs = append(encs, e)
 			}
 		}
 	}
+	g.domsRenewed = kept
+	renew := start.Sub(g.keysRenewed) > s.idle/4
+	doneIDs := make([]string, 0, min(len(g.done), maxDone))
+	for id := range g.done {
+		if len(doneIDs) == maxDone {
+			break
+		}
+		doneIDs = append(doneIDs, id)
+	}
 	s.mu.Unlock()
-	var missing []string
+	var r heartbeatReply
 	for attempt := 0; ; attempt++ {
 		s.mu.Lock()
 		epoch := g.epoch
 		s.mu.Unlock()
-		args := s.args(ms(s.ttl), len(ids))
-		for _, id := range ids {
-			args = append(args, id)
-		}
-		args = append(args, len(encs))
+		args := s.args(ms(s.ttl), sid, flag(renew), len(encs))
 		for _, e := range encs {
 			args = append(args, e)
 		}
-		args = append(args, len(renew))
-		for _, id := range renew {
+		args = append(args, len(doneIDs))
+		for _, id := range doneIDs {
 			args = append(args, id)
 		}
 		args = append(args, epoch)
@@ -430,9 +506,8 @@ func (s *Store) beat(ctx context.Context, g *group, ids []string, start time.Tim
 		if err != nil {
 			return nil, err
 		}
-		r, err := decodeHeartbeat(res)
+		r, err = decodeHeartbeat(res)
 		if err == nil && r.newEpoch == "" {
-			missing = r.missing
 			break
 		}
 		if attempt == 2 {
@@ -449,15 +524,35 @@ func (s *Store) beat(ctx context.Context, g *group, ids []string, start time.Tim
 		}
 	}
 	s.mu.Lock()
-	for _, id := range renew {
-		if h := s.leases[id]; h != nil {
-			h.renewed = start
+	defer s.mu.Unlock()
+	for _, id := range doneIDs {
+		delete(g.done, id) // the script cancelled them
+	}
+	if r.gone {
+		if g.sid == sid {
+			s.newSessionLocked(g) // its leases are lost
+		}
+	} else {
+		s.confirmLocked(g, sid, start)
+		if renew && g.sid == sid {
+			g.keysRenewed = start
+		}
+		for _, e := range encs {
+			g.domsRenewed[e] = start
+		}
+		for _, id := range r.dropped {
+			if h := s.leases[id]; h != nil && h.g == g {
+				delete(s.leases, id)
+			}
+			g.done[id] = struct{}{} // acknowledged on the next beat
 		}
 	}
-	for _, id := range missing {
-		delete(s.leases, id)
+	var missing []string
+	for _, id := range ids {
+		if _, ok := s.leases[id]; !ok {
+			missing = append(missing, id)
+		}
 	}
-	s.mu.Unlock()
 	return missing, nil
 }
 

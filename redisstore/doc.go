@@ -55,26 +55,52 @@
 // that gives up (or whose call timed out) is cancelled by ID, returning any
 // grant made under it.
 //
-// # Expiry and reclaim
+// # Sessions, expiry and reclaim
 //
-// Leases and waiters carry expiry deadlines in sorted sets. A process renews
-// all of its leases with one heartbeat call every TTL/3 (see lease.Keeper),
-// and a waiter's own calls, at least once per TTL/3, are its liveness beat.
-// Every script first reclaims up to 16 expired leases and 16 expired
-// waiters, oldest first: no daemon is needed, and no call does unbounded
-// work. The budget's config keeps a time no later than the earliest of
-// those deadlines (every new deadline can only move it earlier), so a
-// script scans only when something may have expired, and at least once a
-// second while scripts run: a deadline written without moving that time (a
-// host of an older version during a rolling upgrade) is late by a second
-// at most.
+// A lease has no deadline of its own. A process holds one session in each
+// group where it holds leases (its id is the process's name and a
+// generation), every lease names its session, and the session's deadline
+// is theirs: the keeper's one heartbeat call per group every TTL/3 (see
+// lease.Keeper) renews the session with a few commands, whatever the
+// number of leases in it (P5 in BENCHMARKS.md). Waiters keep deadlines of
+// their own, since their calls are their liveness: each call, at least
+// once per TTL/3, is a waiter's beat.
+//
+// A session whose deadline passed is dead for good. The holder learns it
+// from its next call (a heartbeat, or a grant the script refuses), and
+// every lease of it is lost: the next Heartbeat reports them all missing,
+// so each one's Lost() fires, and the store starts the next generation.
+// Every script first reclaims, oldest first, up to 16 leases of dead
+// sessions (continuing on the next script where a session has more, and
+// then ending it) and 16 expired waiters: no daemon is needed, and no call
+// does unbounded work. The budget's config keeps a time no later than the
+// earliest session or waiter deadline (every new deadline can only move it
+// earlier), so a script scans only when something may have expired, and
+// at least once a second while scripts run.
+//
+// With one deadline for many leases, a lease its holder stops renewing no
+// longer expires by itself, so the store does what per-lease deadlines
+// did: a lease its keeper has not listed in a heartbeat for a TTL (it was
+// declared lost, or released while Redis was unreachable), and a grant
+// whose reply and cancellation both failed, are cancelled by the group's
+// next heartbeat. A lease an operator drops (Admin.DropLeases) is noted in
+// its session; the holder's next heartbeat hears of it, and its Lost()
+// fires.
+//
+// A grant joins the session without renewing it, unless less than two
+// thirds of a TTL is left, and reports as the lease's age the part of the
+// session's TTL already spent, so a keeper never counts a lease alive
+// past its session's deadline. Hosts of this version and older ones (with
+// a deadline per lease) keep leases in different keys, so they must not
+// share a budget: a rolling upgrade needs a new budget name, or a stop.
+//
 // Keys expire after max(20 x TTL, 5 min) without use, so an idle budget
 // leaves nothing behind; a domain's key lives at least until its bucket is
 // full again, so an expired domain is exactly a fresh one. Idle TTLs are
-// renewed when half spent rather than on every touch, and a lease's hash
-// when its holder's heartbeat asks (once a quarter of it has passed): on a
-// loaded machine each command inside a script costs a microsecond or more,
-// and these renewals were half of an uncontended admission's commands.
+// renewed when half spent rather than on every touch; those of a
+// session's keys and of the domain hashes its leases count in, by a
+// heartbeat once a quarter of the idle TTL: on a loaded machine each
+// command inside a script costs a microsecond or more.
 //
 // # Wake events
 //
@@ -87,8 +113,10 @@
 // another at one wake-and-call each, whatever the number of free slots (a
 // measured 1 of 8 slots in use with 64 lanes). Scripts publish on the
 // waiter's process channel (SPUBLISH on a Cluster, so the message stays on
-// the shard of the group's slot) "granted <id>" for a waiter they granted,
-// which then returns from Acquire with no further call, or "<id>" for one
+// the shard of the group's slot) "granted <id> <session> <age>" for a
+// waiter they granted (the session it joined, and how much of the
+// session's TTL the lease had spent), which then returns from Acquire
+// with no further call, or "<id>" for one
 // held back by time (the rate or a pause), which calls to learn how long
 // to sleep. One held back by a ceiling stays asleep until a release tries
 // it again. Under 64-way contention on 8 slots that is one wake message and

@@ -2,14 +2,25 @@ package redisstore
 
 import "time"
 
-// AgeRenewals makes every lease held through s look as if its hash's idle
-// TTL had been set d earlier, as it would after a long hold.
+// AgeRenewals makes every group of s look as if its heartbeats had last
+// renewed the idle TTLs of its session's keys and domain hashes d earlier,
+// as they would after a long hold.
 func AgeRenewals(s *Store, d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, h := range s.leases {
-		h.renewed = h.renewed.Add(-d)
+	for _, g := range s.allGroupsLocked() {
+		g.keysRenewed = g.keysRenewed.Add(-d)
+		for e, t := range g.domsRenewed {
+			g.domsRenewed[e] = t.Add(-d)
+		}
 	}
+}
+
+// SessionID is the id of s's current session in its unsharded group.
+func SessionID(s *Store) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.single.sid
 }
 
 // IdleTTL is how long s's keys live untouched.
@@ -33,5 +44,5 @@ func WithTestClock(now func() time.Time) Option { return withClock(now) }
 var ReplyCodes = map[string]string{
 	"R_OK": replyOK, "R_GRANTED": replyGranted, "R_QUEUED": replyQueued, "R_DELAYED": replyDelayed,
 	"R_UNREGISTERED": replyUnregistered, "R_CONFLICT": replyConflict,
-	"R_NEW_EPOCH": replyNewEpoch, "R_NO_STATE": replyNoState,
+	"R_NEW_EPOCH": replyNewEpoch, "R_NO_STATE": replyNoState, "R_SESSION_GONE": replySessionGone,
 }

@@ -95,6 +95,15 @@ type group struct {
 	used   time.Time // when a call of this store last touched the group
 	listed time.Time // when this store last listed the group in the registry
 
+	// This process's session in the group (see sessions.go), guarded by
+	// Store.mu too.
+	gen         int                  // the session's generation: the next one starts when it is dead
+	sid         string               // the session's id: the process's name and gen
+	renewed     time.Time            // Redis keeps the session alive at least a TTL from this moment
+	keysRenewed time.Time            // when a heartbeat last renewed the idle TTLs of the session's keys
+	domsRenewed map[string]time.Time // domains of leases held, and when a heartbeat last checked their hashes
+	done        map[string]struct{}  // ids the next heartbeat cancels: see heartbeat.lua
+
 	ready chan struct{} // closed once the group is set up (subscribed, limits checked)
 	err   error         // why set-up failed, read after ready is closed
 }
@@ -180,7 +189,20 @@ func eachGroup(gs []*group, fn func(*group) error) error {
 func (s *Store) newGroup(key string) *group {
 	p := groupPrefix(s.name, s.shardKey != nil, key)
 	return &group{key: key, prefix: p, keys: []string{p + "cfg"}, channel: p + "wake:" + s.proc,
-		ready: make(chan struct{})}
+		ready: make(chan struct{}), sid: sessionID(s.proc, 0),
+		domsRenewed: make(map[string]time.Time), done: make(map[string]struct{})}
+}
+
+// allGroupsLocked returns every group this process uses (Store.mu held).
+func (s *Store) allGroupsLocked() []*group {
+	if s.single != nil {
+		return []*group{s.single}
+	}
+	out := make([]*group, 0, len(s.groups))
+	for _, g := range s.groups {
+		out = append(out, g)
+	}
+	return out
 }
 
 // groupOf returns the group of a request's domains, set up for use, or an

@@ -3,10 +3,13 @@ package redisstore_test
 import (
 	"context"
 	"encoding/hex"
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
+	"slices"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/runbudget/runbudget/budget"
 	"github.com/runbudget/runbudget/internal/redistest"
@@ -62,10 +65,12 @@ func TestShortTTLHolderReclaimedOnTime(t *testing.T) {
 	expectIdle(t, live)
 }
 
-// TestLongHeldLeaseHashRenewed: a lease held for longer than the idle TTL
-// keeps its hash, because heartbeats renew the hash once a quarter of the
-// idle TTL has passed since it was last renewed, and not on every beat.
-func TestLongHeldLeaseHashRenewed(t *testing.T) {
+// TestLongHeldSessionKeysRenewed: leases held for longer than the idle TTL
+// keep their records, because heartbeats renew the idle TTLs of the
+// session's keys (the lease records, the session's set, the deadlines)
+// once a quarter of the idle TTL has passed since they last did, and not
+// on every beat.
+func TestLongHeldSessionKeysRenewed(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	ctx := context.Background()
@@ -81,38 +86,107 @@ func TestLongHeldLeaseHashRenewed(t *testing.T) {
 	if att, err := s.TryAcquire(ctx, "long", req); err != nil || att.Outcome != budget.Granted {
 		t.Fatalf("acquire: %+v %v", att, err)
 	}
-	key := "rb:{" + hex.EncodeToString([]byte("renew")) + "}:l:long"
+	p := "rb:{" + hex.EncodeToString([]byte("renew")) + "}:"
+	keys := []string{p + "lx", p + "sexp", p + "sl:" + redisstore.SessionID(s)}
 	idle := redisstore.IdleTTL(s)
-	if ttl := c.PTTL(ctx, key).Val(); ttl < idle-time.Minute || ttl > idle {
-		t.Fatalf("lease hash TTL after the grant: %v, want about %v", ttl, idle)
-	}
 	short := 10 * time.Minute // stands in for a TTL mostly spent
-	c.PExpire(ctx, key, short)
-
-	if missing, err := s.Heartbeat(ctx, []string{"long"}); err != nil || len(missing) != 0 {
-		t.Fatalf("heartbeat: %v %v", missing, err)
+	shorten := func() {
+		t.Helper()
+		for _, k := range keys {
+			if ttl := c.PTTL(ctx, k).Val(); ttl < idle-time.Minute || ttl > idle {
+				t.Fatalf("%s: TTL %v, want about %v", k, ttl, idle)
+			}
+			c.PExpire(ctx, k, short)
+		}
 	}
-	if ttl := c.PTTL(ctx, key).Val(); ttl > short {
-		t.Fatalf("a fresh lease's hash was renewed on a beat (TTL %v): renewals should be rare", ttl)
+	beat := func() {
+		t.Helper()
+		if missing, err := s.Heartbeat(ctx, []string{"long"}); err != nil || len(missing) != 0 {
+			t.Fatalf("heartbeat: %v %v", missing, err)
+		}
 	}
-
+	beat() // the first beat of a session renews its keys
+	shorten()
+	beat()
+	for _, k := range keys {
+		if ttl := c.PTTL(ctx, k).Val(); ttl > short {
+			t.Fatalf("%s renewed on a beat (TTL %v): renewals should be rare", k, ttl)
+		}
+	}
 	redisstore.AgeRenewals(s, idle/4+time.Second)
-	if missing, err := s.Heartbeat(ctx, []string{"long"}); err != nil || len(missing) != 0 {
-		t.Fatalf("heartbeat: %v %v", missing, err)
-	}
-	if ttl := c.PTTL(ctx, key).Val(); ttl < idle-time.Minute {
-		t.Fatalf("lease hash TTL after a renewing beat: %v, want about %v", ttl, idle)
-	}
-	// Renewed now: the next beat leaves it alone again.
-	c.PExpire(ctx, key, short)
-	if _, err := s.Heartbeat(ctx, []string{"long"}); err != nil {
-		t.Fatal(err)
-	}
-	if ttl := c.PTTL(ctx, key).Val(); ttl > short {
-		t.Fatalf("renewed again on the next beat (TTL %v)", ttl)
+	beat()
+	shorten() // checks they were renewed, then shortens them again
+	beat()
+	for _, k := range keys {
+		if ttl := c.PTTL(ctx, k).Val(); ttl > short {
+			t.Fatalf("%s renewed again on the next beat (TTL %v)", k, ttl)
+		}
 	}
 	if err := s.Retire(ctx, "long", lease.All); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestHeartbeatRetiresUnlistedLeases: a lease its holder stopped renewing
+// (its keeper declared it lost, so it is no longer listed) would live as
+// long as the session without per-lease deadlines; a beat retires it once
+// it has gone a TTL unlisted, as it would have expired. A lease still
+// listed is untouched.
+func TestHeartbeatRetiresUnlistedLeases(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	now := time.Unix(1_900_000_000, 0)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	step := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	const ttl = time.Minute
+	s, err := redisstore.New(c, "unlisted", redisstore.WithLeaseTTL(ttl), redisstore.WithTestClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Register(ctx, slots(4), false); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := get(dom("a")).Normalize()
+	for _, id := range []string{"kept", "dropped"} {
+		if att, err := s.TryAcquire(ctx, id, req); err != nil || att.Outcome != budget.Granted {
+			t.Fatalf("acquire %s: %+v %v", id, att, err)
+		}
+	}
+	inFlight := func() int {
+		t.Helper()
+		u, err := s.Usage(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return domainOf(u, dom("a")).InFlight[budget.OpGet]
+	}
+	beat := func() {
+		t.Helper()
+		step(ttl / 3)
+		if missing, err := s.Heartbeat(ctx, []string{"kept"}); err != nil || len(missing) != 0 {
+			t.Fatalf("heartbeat: %v %v", missing, err)
+		}
+	}
+	beat()
+	beat() // the second lease unlisted for two thirds of a TTL: still held
+	if n := inFlight(); n != 2 {
+		t.Fatalf("in flight before the unlisted lease's TTL ran out: %d, want 2", n)
+	}
+	beat() // a TTL unlisted: retired by this beat
+	if n := inFlight(); n != 1 {
+		t.Fatalf("in flight after the unlisted lease's TTL: %d, want 1 (the listed one)", n)
+	}
+	if missing, err := s.Heartbeat(ctx, []string{"kept", "dropped"}); err != nil || !slices.Equal(missing, []string{"dropped"}) {
+		t.Fatalf("heartbeat listing both: missing %v, %v; want the retired lease", missing, err)
+	}
+	if err := s.Retire(ctx, "kept", lease.All); err != nil {
+		t.Fatal(err)
+	}
+	if n := inFlight(); n != 0 {
+		t.Fatalf("in flight after the release: %d", n)
 	}
 }
 

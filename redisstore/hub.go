@@ -3,8 +3,10 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
@@ -94,7 +96,28 @@ func (s *Store) subscribeGroup(ctx context.Context, g *group) error {
 
 // grantedPrefix marks a wake event that carries a grant: a script handed
 // the waiter a slot (see the package doc), so it need not call to learn it.
+// The message is "granted <id> <session> <age us>".
 const grantedPrefix = "granted "
+
+// parseWake reads a wake event: the waiter's id, and for a grant its
+// session and how much of the session's TTL the lease had already spent.
+// A grant message that does not parse is taken as a plain wake: the
+// waiter's call then finds its lease.
+func parseWake(payload string) (id string, granted bool, sid string, age time.Duration) {
+	rest, ok := strings.CutPrefix(payload, grantedPrefix)
+	if !ok {
+		return payload, false, "", 0
+	}
+	f := strings.Split(rest, " ")
+	if len(f) != 3 {
+		return f[0], false, "", 0
+	}
+	us, err := strconv.ParseInt(f[2], 10, 64)
+	if err != nil || us < 0 {
+		return f[0], false, "", 0
+	}
+	return f[0], true, f[1], time.Duration(us) * time.Microsecond
+}
 
 // dispatch delivers the wake events of h to this process's waiters, and
 // subscription confirmations to subscribe, until h is closed.
@@ -110,11 +133,11 @@ func (s *Store) dispatch(h *hub) {
 			}
 			h.mu.Unlock()
 		case *redis.Message:
-			id, granted := strings.CutPrefix(m.Payload, grantedPrefix)
+			id, granted, sid, age := parseWake(m.Payload)
 			s.mu.Lock()
 			w := s.wakes[id]
 			if w != nil && granted {
-				w.granted = true
+				w.granted, w.grantSid, w.grantAge = true, sid, age
 			}
 			s.mu.Unlock()
 			if w != nil {

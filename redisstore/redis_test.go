@@ -344,8 +344,8 @@ func TestLostRepliesAndCancellation(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	for _, k := range budgetKeys(t, srv.Client(t), "lost") {
-		if strings.Contains(k, ":l:") || strings.Contains(k, ":w:") {
-			t.Errorf("left over: %s", k)
+		if strings.HasSuffix(k, ":lx") || strings.Contains(k, ":sl:") || strings.Contains(k, ":w:") {
+			t.Errorf("left over: %s %v", k, srv.Client(t).Type(context.Background(), k).Val())
 		}
 	}
 }
@@ -389,19 +389,24 @@ func TestCrashedHolderAndWaiterReclaimed(t *testing.T) {
 	expectIdle(t, live)
 }
 
-// TestLostClosesWhenStoreDropsLease: a lease the store no longer holds is
-// reported lost at the holder's next renewal.
+// TestLostClosesWhenStoreDropsLease: a lease an operator dropped (budgetctl
+// drop) is reported lost at its holder's next renewal, and only that one:
+// its session, and the other lease in it, live on.
 func TestLostClosesWhenStoreDropsLease(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	const ttl = 300 * time.Millisecond
 	b := open(t, c, "lost-lease", slots(2), ttl)
-	kept := mustAcquire(t, b, get(dom("a")))
-	gone := mustAcquire(t, b, get(dom("a")))
-	// Force the lease's expiry into the past, as after a long pause.
-	lexp := "rb:{" + hex.EncodeToString([]byte("lost-lease")) + "}:lexp"
-	if err := c.ZAdd(context.Background(), lexp, redis.Z{Score: 1, Member: gone.ID()}).Err(); err != nil {
+	keep, drop := get(dom("a")), get(dom("a"))
+	keep.Consumer, drop.Consumer = "keep", "drop"
+	kept := mustAcquire(t, b, keep)
+	gone := mustAcquire(t, b, drop)
+	admin, err := redisstore.NewAdmin(c)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if n, err := admin.DropLeases(context.Background(), "lost-lease", "drop", false); err != nil || n != 1 {
+		t.Fatalf("DropLeases = %d, %v; want 1 dropped", n, err)
 	}
 	select {
 	case <-gone.Lost():
@@ -413,8 +418,79 @@ func TestLostClosesWhenStoreDropsLease(t *testing.T) {
 		t.Fatal("a live lease was declared lost")
 	case <-time.After(ttl): // several renewals of the kept lease
 	}
+	// The holder acknowledged the drop: its session's dropped set is empty.
+	p := "rb:{" + hex.EncodeToString([]byte("lost-lease")) + "}:"
+	for _, k := range budgetKeys(t, c, "lost-lease") {
+		if strings.HasPrefix(k, p+"sd:") {
+			t.Errorf("dropped set %s still holds %v after the holder's beats", k, c.SMembers(context.Background(), k).Val())
+		}
+	}
 	gone.Release()
 	kept.Release()
+	expectIdle(t, b)
+}
+
+// TestLostForEveryLeaseOfAGoneSession: a session found dead (its deadline
+// passed, as after a long pause) takes every lease in it: each one's
+// Lost() closes at the next beat, reclaim returns their slots, and the
+// process's next grant starts a new session.
+func TestLostForEveryLeaseOfAGoneSession(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	const ttl = 300 * time.Millisecond
+	s, err := redisstore.New(c, "gone-session", redisstore.WithLeaseTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := budget.New(slots(8), budget.WithStore(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	var held []*budget.Lease
+	for range 5 {
+		held = append(held, mustAcquire(t, b, get(dom("a"))))
+	}
+	sid := redisstore.SessionID(s)
+	p := "rb:{" + hex.EncodeToString([]byte("gone-session")) + "}:"
+	if n := c.SCard(ctx, p+"sl:"+sid).Val(); n != 5 {
+		t.Fatalf("session %s holds %d leases, want 5", sid, n)
+	}
+	// Its deadline in the past, and reclaim due (the time every script
+	// reads before it scans): the next beat finds it dead.
+	if err := c.ZAdd(ctx, p+"sexp", redis.Z{Score: 1, Member: sid}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.HSet(ctx, p+"cfg", "rc", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i, l := range held {
+		select {
+		case <-l.Lost():
+		case <-time.After(ttl + time.Second):
+			t.Fatalf("lease %d of the gone session: Lost() not closed", i)
+		}
+	}
+	if in := domainOf(usage(t, b), dom("a")).InFlight[budget.OpGet]; in != 0 {
+		t.Errorf("in flight after the session was reclaimed: %d, want 0", in)
+	}
+	if c.ZScore(ctx, p+"sgone", sid).Err() != nil {
+		t.Errorf("session %s not ended by reclaim: sgone %v", sid, c.ZRangeWithScores(ctx, p+"sgone", 0, -1).Val())
+	}
+	for _, l := range held {
+		l.Release()
+	}
+	l := mustAcquire(t, b, get(dom("a")))
+	if next := redisstore.SessionID(s); next == sid || c.SIsMember(ctx, p+"sl:"+next, l.ID()).Val() != true {
+		t.Errorf("new grant in session %q (was %q), member of it: %v", next, sid, c.SIsMember(ctx, p+"sl:"+next, l.ID()).Val())
+	}
+	select {
+	case <-l.Lost():
+		t.Fatal("the new session's lease was declared lost")
+	case <-time.After(ttl): // renewals of the new session
+	}
+	l.Release()
 	expectIdle(t, b)
 }
 
@@ -589,11 +665,11 @@ func TestScriptArgumentsValidated(t *testing.T) {
 	cfg := "rb:{" + hex.EncodeToString([]byte("args")) + "}:cfg"
 	before := c.Keys(ctx, "rb:*").Val()
 	src := luascripts.Source("acquire")
-	// ARGV: publish, idle, clock (Redis TIME), id, channel, class, body,
-	// consumer, ttl, domain count, domain.
-	good := []any{"PUBLISH", "60000", "", "w1", "proc", "2", "0", "c", "1000", "1", "1.61"}
+	// ARGV: publish, idle, clock (Redis TIME), id, channel, session, class,
+	// body, consumer, ttl, domain count, domain.
+	good := []any{"PUBLISH", "60000", "", "w1", "proc", "proc.0", "2", "0", "c", "1000", "1", "1.61"}
 	for _, bad := range []string{"nan", "inf", "-inf", "0x10", " 1", "1e3", "", "1.5"} {
-		for _, pos := range []int{6, 7, 9} { // class, body, ttl
+		for _, pos := range []int{7, 8, 10, 11} { // class, body, ttl, domain count
 			args := slices.Clone(good)
 			args[pos-1] = bad
 			err := c.Eval(ctx, src, []string{cfg}, args...).Err()
@@ -616,6 +692,30 @@ func TestScriptArgumentsValidated(t *testing.T) {
 			t.Errorf("retire with parts %q: %v, want RBINVAL", bad, err)
 		}
 	}
+	// Heartbeat ARGV: publish, idle, clock, ttl, session, renew flag, domain
+	// count, domains, id count, ids, epoch.
+	hsrc := luascripts.Source("heartbeat")
+	hgood := []any{"PUBLISH", "60000", "", "1000", "proc.0", "0", "1", "1.61", "1", "w9", "e"}
+	for _, bad := range []string{"nan", "inf", "-1", "0x10", " 1", "1.5", "2"} {
+		for _, pos := range []int{4, 6, 7, 9} { // ttl, renew flag, domain count, id count
+			args := slices.Clone(hgood)
+			args[pos-1] = bad
+			if pos == 4 && bad == "2" {
+				continue // a TTL of 2 ms is valid
+			}
+			err := c.Eval(ctx, hsrc, []string{cfg}, args...).Err()
+			if err == nil || !strings.Contains(err.Error(), "RBINVAL") {
+				t.Errorf("heartbeat with ARGV[%d]=%q: %v, want RBINVAL", pos, bad, err)
+			}
+		}
+	}
+	for _, bad := range []string{"", "a b", "x\ny"} {
+		args := slices.Clone(hgood)
+		args[4] = bad
+		if err := c.Eval(ctx, hsrc, []string{cfg}, args...).Err(); err == nil || !strings.Contains(err.Error(), "RBINVAL") {
+			t.Errorf("heartbeat with session id %q: %v, want RBINVAL", bad, err)
+		}
+	}
 	if after := c.Keys(ctx, "rb:*").Val(); len(after) != len(before) {
 		t.Errorf("refused calls wrote keys: %v -> %v", before, after)
 	}
@@ -627,6 +727,9 @@ func TestScriptArgumentsValidated(t *testing.T) {
 	}
 	if err := c.Eval(ctx, rsrc, []string{cfg}, "PUBLISH", "60000", "", "w1", "1").Err(); err != nil {
 		t.Errorf("retire with good arguments: %v", err)
+	}
+	if err := c.Eval(ctx, hsrc, []string{cfg}, hgood...).Err(); err != nil {
+		t.Errorf("heartbeat with good arguments: %v", err)
 	}
 	if err := c.Eval(ctx, tsrc, []string{cfg}, "PUBLISH", "60000", "", "1.61", "0", "1000").Err(); err != nil {
 		t.Errorf("throttle with good arguments: %v", err)

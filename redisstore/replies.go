@@ -23,12 +23,18 @@ const (
 	replyConflict     = "-3" // R_CONFLICT: register found other limits; their JSON
 	replyNewEpoch     = "-3" // R_NEW_EPOCH: heartbeat found a new epoch; the epoch
 	replyNoState      = "0"  // R_NO_STATE: reset found no state for the domain
+	replySessionGone  = "-4" // R_SESSION_GONE: acquire or heartbeat named a dead session
 )
 
 // errNotRegistered is a script's R_UNREGISTERED: the budget's config is not
 // in Redis, because it was never stored or because Redis lost it. Store
 // calls register again and retry; Admin reports ErrNoBudget.
 var errNotRegistered = errors.New("redisstore: the budget's config is missing")
+
+// errSessionGone is a script's R_SESSION_GONE: the session the call named
+// is dead (it expired, and reclaim may have ended it). Nothing was granted;
+// the store starts its next session and calls again.
+var errSessionGone = errors.New("redisstore: the session is gone")
 
 // unexpected is the error for a reply no decoder accepts.
 func unexpected(op string, res []string) error {
@@ -73,7 +79,7 @@ type acquireReply struct {
 }
 
 // decodeAcquire decodes acquire.lua's reply. errNotRegistered means the
-// config is missing.
+// config is missing, errSessionGone that the session named is dead.
 func decodeAcquire(res []string) (acquireReply, error) {
 	us := func(i int, min int64) (time.Duration, bool) {
 		v, err := strconv.ParseInt(res[i], 10, 64)
@@ -92,15 +98,19 @@ func decodeAcquire(res []string) (acquireReply, error) {
 		}
 	case c == replyUnregistered && n == 1:
 		return acquireReply{}, errNotRegistered
+	case c == replySessionGone && n == 1:
+		return acquireReply{}, errSessionGone
 	}
 	return acquireReply{}, unexpected("acquire", res)
 }
 
-// heartbeatReply is heartbeat.lua's reply, decoded: either the leases no
-// longer held, or the budget's new epoch (non-empty), which the host must
-// re-assert its leases under before they are renewed.
+// heartbeatReply is heartbeat.lua's reply, decoded: the ids of the
+// session's leases an operator dropped, or gone (the session is dead, and
+// every lease in it with it), or the budget's new epoch (non-empty), which
+// the host must re-assert its leases under before they are renewed.
 type heartbeatReply struct {
-	missing  []string
+	dropped  []string
+	gone     bool
 	newEpoch string
 }
 
@@ -109,7 +119,9 @@ type heartbeatReply struct {
 func decodeHeartbeat(res []string) (heartbeatReply, error) {
 	switch c, n := code(res); {
 	case c == replyOK:
-		return heartbeatReply{missing: res[1:]}, nil
+		return heartbeatReply{dropped: res[1:]}, nil
+	case c == replySessionGone && n == 1:
+		return heartbeatReply{gone: true}, nil
 	case c == replyNewEpoch && n == 2 && res[1] != "":
 		return heartbeatReply{newEpoch: res[1]}, nil
 	case c == replyUnregistered && n == 1:

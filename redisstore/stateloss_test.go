@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"encoding/hex"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,6 +71,19 @@ func TestStateLoss(t *testing.T) {
 			}
 			if du := domainOf(usage(t, holder), a); du.InFlight[budget.OpGet] != 1 {
 				t.Errorf("after the loss: %+v, want the held lease counted", du)
+			}
+			// Back under its session, which is alive and renewed.
+			c, ctx := srv.Client(t), context.Background()
+			p := "rb:{" + hex.EncodeToString([]byte("loss")) + "}:"
+			rec := strings.Fields(c.HGet(ctx, p+"lx", held.ID()).Val())
+			if len(rec) < 4 {
+				t.Fatalf("lease record after the loss: %q", rec)
+			}
+			sid := rec[3]
+			deadline, err := c.ZScore(ctx, p+"sexp", sid).Result()
+			if !c.SIsMember(ctx, p+"sl:"+sid, held.ID()).Val() || err != nil || time.UnixMicro(int64(deadline)).Before(time.Now()) {
+				t.Errorf("lease not back in a live session: record %q, member %v, deadline %v (%v)",
+					rec, c.SIsMember(ctx, p+"sl:"+sid, held.ID()).Val(), deadline, err)
 			}
 			released := time.Now()
 			held.Release()

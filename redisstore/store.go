@@ -81,14 +81,15 @@ type Store struct {
 // its domains' keys, and to put it back after Redis lost the budget.
 type heldLease struct {
 	g        *group
+	sid      string // the session it is in: its group's current one
 	encs     []string
 	class    int
 	consumer string
 	held     lease.Parts
-	// renewed is no later than when Redis last set the idle TTL of the
-	// lease's hash: heartbeats ask for a renewal once a quarter of it is
-	// spent, rather than renewing every hash on every beat.
-	renewed time.Time
+	// listed is when a heartbeat last listed it (or when it was granted):
+	// one not listed for a TTL is no longer renewed by its holder, and is
+	// retired (see Heartbeat).
+	listed time.Time
 }
 
 var _ budget.Store = (*Store)(nil)

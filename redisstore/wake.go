@@ -12,6 +12,8 @@ type waiting struct {
 	wake     chan struct{} // signalled by wake events
 	lastCall time.Time     // when its latest acquire call was sent
 	granted  bool          // a script granted it by handoff and said so
+	grantSid string        // the session the handoff granted it in
+	grantAge time.Duration // how much of the session's TTL the lease had spent then
 }
 
 // unwatch forgets waiter id: wake events for it are dropped from now on.

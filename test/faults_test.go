@@ -3,12 +3,14 @@
 package test
 
 import (
+	"bufio"
 	"context"
 	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -249,36 +251,64 @@ func TestFault03KillHeadWaiter(t *testing.T) {
 	expectZeroUsage(t, obs, 5*time.Second)
 }
 
-// leaseWrites counts, through keyspace notifications, how often each lease
-// key of a budget is written with HSET: once per grant. A second HSET on
-// the same key would be a second grant under one ID (retirements here are
-// whole, which delete the key instead).
+// leaseWrites counts, through MONITOR (which shows the commands scripts
+// run), the grants written under each lease ID of a budget: a grant is an
+// HSET of the lease's record in the budget's lease hash, with its request
+// slot held and its grant time. A record written again with the same grant
+// time is the same grant (moved to another session of its process); a
+// second grant time under one ID would be a second grant.
 type leaseWrites struct {
 	mu     sync.Mutex
-	counts map[string]int
-	sub    *redis.PubSub
+	grants map[string]map[string]bool // lease ID -> grant times seen
+	conn   net.Conn
+	marks  chan string // ECHO markers seen
 	done   chan struct{}
+	once   sync.Once
 }
 
-func watchLeaseWrites(t *testing.T, c *redis.Client, name string) *leaseWrites {
-	ctx := context.Background()
-	if err := c.ConfigSet(ctx, "notify-keyspace-events", "Kh").Err(); err != nil {
+func watchLeaseWrites(t *testing.T, addr, name string) *leaseWrites {
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
 		t.Fatal(err)
 	}
-	pattern := "__keyspace@0__:rb:{" + hex.EncodeToString([]byte(name)) + "}:l:*"
-	lw := &leaseWrites{counts: map[string]int{}, sub: c.PSubscribe(ctx, pattern), done: make(chan struct{})}
-	if _, err := lw.sub.Receive(ctx); err != nil {
+	r := bufio.NewReader(conn)
+	if _, err := conn.Write([]byte("MONITOR\r\n")); err != nil {
 		t.Fatal(err)
 	}
-	msgs := lw.sub.Channel()
+	if line, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(line, "+OK") {
+		t.Fatalf("MONITOR: %q %v", line, err)
+	}
+	lw := &leaseWrites{grants: map[string]map[string]bool{}, conn: conn, marks: make(chan string, 1), done: make(chan struct{})}
+	hset := `"HSET" "rb:{` + hex.EncodeToString([]byte(name)) + `}:lx" "`
 	go func() {
 		defer close(lw.done)
-		for m := range msgs {
-			if m.Payload == "hset" {
-				lw.mu.Lock()
-				lw.counts[m.Channel]++
-				lw.mu.Unlock()
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
 			}
+			if i := strings.Index(strings.ToUpper(line), `"ECHO" "`); i >= 0 { // as sent: go-redis writes "echo"
+				select {
+				case lw.marks <- strings.TrimSuffix(strings.TrimSpace(line[i+8:]), `"`):
+				default:
+				}
+				continue
+			}
+			i := strings.Index(line, hset)
+			if i < 0 {
+				continue
+			}
+			id, rec, ok := strings.Cut(line[i+len(hset):], `" "`)
+			f := strings.Fields(rec) // "<hr><hb>" class granted session ...
+			if !ok || len(f) < 3 || !strings.HasPrefix(f[0], "1") {
+				continue // a partial retirement, not a grant
+			}
+			lw.mu.Lock()
+			if lw.grants[id] == nil {
+				lw.grants[id] = map[string]bool{}
+			}
+			lw.grants[id][f[2]] = true
+			lw.mu.Unlock()
 		}
 	}()
 	t.Cleanup(lw.stop)
@@ -286,21 +316,35 @@ func watchLeaseWrites(t *testing.T, c *redis.Client, name string) *leaseWrites {
 }
 
 func (lw *leaseWrites) stop() {
-	lw.sub.Close()
-	<-lw.done
+	lw.once.Do(func() {
+		lw.conn.Close()
+		<-lw.done
+	})
 }
 
-// maxPerID waits for notifications in flight, and returns the largest
-// number of grants under one lease ID and the number of IDs granted.
-func (lw *leaseWrites) maxPerID() (most, ids int) {
-	time.Sleep(100 * time.Millisecond)
+// maxPerID waits until MONITOR has shown every command sent before it (an
+// ECHO sent through c comes after them), and returns the largest number of
+// grants under one lease ID and the number of IDs granted.
+func (lw *leaseWrites) maxPerID(t *testing.T, c *redis.Client) (most, ids int) {
+	mark := fmt.Sprintf("end-of-run-%d", time.Now().UnixNano())
+	if err := c.Echo(context.Background(), mark).Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-lw.marks:
+		if m != mark {
+			t.Fatalf("MONITOR showed marker %q, want %q", m, mark)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("MONITOR never showed the end marker")
+	}
 	lw.stop()
 	lw.mu.Lock()
 	defer lw.mu.Unlock()
-	for _, n := range lw.counts {
-		most = max(most, n)
+	for _, g := range lw.grants {
+		most = max(most, len(g))
 	}
-	return most, len(lw.counts)
+	return most, len(lw.grants)
 }
 
 // 4. 1000 acquires cancelled at random points, some of them after the
@@ -310,7 +354,7 @@ func TestFault04RandomCancels(t *testing.T) {
 	rng := schedule(t)
 	srv := redistest.Start(t)
 	name := "f04"
-	lw := watchLeaseWrites(t, srv.Client(t), name)
+	lw := watchLeaseWrites(t, srv.Addr(), name)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
 	b := hostOn(t, c, name, 4)
@@ -349,9 +393,13 @@ func TestFault04RandomCancels(t *testing.T) {
 	}
 	wg.Wait()
 	expectZeroUsage(t, b, faultL+faultH+slack)
-	most, ids := lw.maxPerID()
-	keys := srv.Client(t).Keys(context.Background(), "rb:{"+hex.EncodeToString([]byte(name))+"}:[lw]:*").Val()
-	figure(t, "1000 acquires: %d granted, %d cancelled; %d lease IDs written, at most %d grant(s) per ID; %d lease/waiter keys left after L",
+	most, ids := lw.maxPerID(t, srv.Client(t))
+	p := "rb:{" + hex.EncodeToString([]byte(name)) + "}:"
+	keys := srv.Client(t).Keys(context.Background(), p+"w:*").Val()
+	for _, id := range srv.Client(t).HKeys(context.Background(), p+"lx").Val() {
+		keys = append(keys, "lease "+id)
+	}
+	figure(t, "1000 acquires: %d granted, %d cancelled; %d lease IDs written, at most %d grant(s) per ID; %d lease records or waiter keys left after L",
 		granted.Load(), cancelled.Load(), ids, most, len(keys))
 	if most > 1 {
 		t.Errorf("a waiter ID was granted %d times", most)
@@ -657,7 +705,7 @@ func TestFault12RetryAfterWrite(t *testing.T) {
 	schedule(t)
 	srv := redistest.Start(t)
 	name := "f12"
-	lw := watchLeaseWrites(t, srv.Client(t), name)
+	lw := watchLeaseWrites(t, srv.Addr(), name)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, ReadTimeout: 50 * time.Millisecond,
 		MaxRetries: 5, MinRetryBackoff: time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond})
 	t.Cleanup(func() { c.Close() })
@@ -706,7 +754,7 @@ func TestFault12RetryAfterWrite(t *testing.T) {
 	wg.Wait()
 	close(stop)
 	expectZeroUsage(t, b, faultL+slack)
-	most, ids := lw.maxPerID()
+	most, ids := lw.maxPerID(t, srv.Client(t))
 	ran := commandCalls(t, admin, "evalsha") + commandCalls(t, admin, "fcall") - before
 	figure(t, "%d grants under %d pauses; Redis ran %d script calls, the client issued %d (go-redis resent those its read timeout cut off; a cut-off command dies with its connection); %d lease IDs, at most %d grant(s) per ID",
 		granted.Load(), pauses.Load(), ran, sent.n.Load(), ids, most)
