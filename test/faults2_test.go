@@ -468,73 +468,101 @@ func startWorkerIn(t testing.TB, ns string, f faultEnv) *proc {
 	return startWorkerCmd(t, f, "ip", "netns", "exec", ns, os.Args[0], "-test.run=^$")
 }
 
-// 15. Load: many processes and lanes queue on 8 slots across 4 domains.
-// The referee sees no over-admission; nothing is lost; usage ends at 0.
-func TestFault15Load(t *testing.T) {
-	schedule(t)
-	procs, lanes, dur := 4, 16, 3*time.Second
+// loadRig is scenario 15's load: its size, a referee with the scenario's
+// ceilings, and an observing host of a fresh budget. Scenario 15 and its
+// recorded twin (history_test.go) run it.
+type loadRig struct {
+	procs, lanes int
+	dur          time.Duration
+	name         string
+	srv          *redistest.Server
+	ref          *referee
+	obs          *budget.Budget
+}
+
+// loadSlots is each domain's ceiling: 4 domains x 2 = 8 slots.
+const loadSlots = 2
+
+func newLoadRig(t *testing.T, name string) loadRig {
+	r := loadRig{procs: 4, lanes: 16, dur: 3 * time.Second, name: name}
 	if long {
-		procs, lanes, dur = 32, 32, 60*time.Second
+		r.procs, r.lanes, r.dur = 32, 32, 60*time.Second
 	}
-	srv := redistest.Start(t)
-	name := "f15"
-	const slotsPer = 2 // 4 domains x 2 = 8 slots
+	r.srv = redistest.Start(t)
 	// Ceilings: 2 requests and 2 bodies per domain, shared by the run;
 	// memory for 8 buffers on each host.
-	ref := startReferee(t, func(res string) int {
+	r.ref = startReferee(t, func(res string) int {
 		if strings.HasPrefix(res, "memory/") {
-			return slotsPer * 4
+			return loadSlots * 4
 		}
-		return slotsPer
+		return loadSlots
 	})
-	s, err := redisstore.New(srv.Client(t), name, redisstore.WithLeaseTTL(faultL))
+	s, err := redisstore.New(r.srv.Client(t), name, redisstore.WithLeaseTTL(faultL))
 	if err != nil {
 		t.Fatal(err)
 	}
-	obs, err := budget.New(laneLimits(slotsPer, 4), budget.WithStore(s))
-	if err != nil {
+	if r.obs, err = budget.New(laneLimits(loadSlots, 4), budget.WithStore(s)); err != nil {
 		t.Fatal(err)
 	}
-	defer obs.Close()
-	var doms []budget.Domain
-	for i := range 4 {
-		doms = append(doms, faultDomain(i))
-	}
-	smp := startSampler(t, srv.Client(t), name, doms, slotsPer)
+	t.Cleanup(func() { r.obs.Close() })
+	return r
+}
+
+// start starts the worker processes.
+func (r loadRig) start(t *testing.T) []*proc {
 	var ws []*proc
-	for p := range procs {
-		ws = append(ws, startWorker(t, faultEnv{Role: "lanes", Redis: srv.Addr(), Name: name, TTL: 3 * faultL, Slots: slotsPer,
-			Domains: 4, Lanes: lanes, For: dur, Hold: 2 * time.Millisecond, Referee: ref.addr(), Consumer: "p" + strconv.Itoa(p)}))
+	for p := range r.procs {
+		ws = append(ws, startWorker(t, faultEnv{Role: "lanes", Redis: r.srv.Addr(), Name: r.name, TTL: 3 * faultL, Slots: loadSlots,
+			Domains: 4, Lanes: r.lanes, For: r.dur, Hold: 2 * time.Millisecond, Referee: r.ref.addr(), Consumer: "p" + strconv.Itoa(p)}))
 	}
-	peakWaiters := 0
-	begin := time.Now()
-	for time.Since(begin) < dur {
-		peakWaiters = max(peakWaiters, waitersOf(t, obs))
-		time.Sleep(50 * time.Millisecond)
-	}
-	failed := 0
+	return ws
+}
+
+// wait waits for every worker and returns how many failed.
+func (r loadRig) wait(t *testing.T, ws []*proc) (failed int) {
 	for _, w := range ws {
 		select {
 		case <-w.exit:
-		case <-time.After(dur + 60*time.Second):
+		case <-time.After(r.dur + 60*time.Second):
 			t.Fatal("worker did not finish")
 		}
 		if w.err != nil {
 			failed++
 		}
 	}
-	over, overFor, starts := ref.report()
+	return failed
+}
+
+// 15. Load: many processes and lanes queue on 8 slots across 4 domains.
+// The referee sees no over-admission; nothing is lost; usage ends at 0.
+func TestFault15Load(t *testing.T) {
+	schedule(t)
+	r := newLoadRig(t, "f15")
+	var doms []budget.Domain
+	for i := range 4 {
+		doms = append(doms, faultDomain(i))
+	}
+	smp := startSampler(t, r.srv.Client(t), r.name, doms, loadSlots)
+	ws := r.start(t)
+	peakWaiters := 0
+	begin := time.Now()
+	for time.Since(begin) < r.dur {
+		peakWaiters = max(peakWaiters, waitersOf(t, r.obs))
+		time.Sleep(50 * time.Millisecond)
+	}
+	failed := r.wait(t, ws)
+	over, overFor, starts := r.ref.report()
 	sover, samples := smp.overshoot()
 	figure(t, "%d processes x %d lanes, %v, 8 slots over 4 domains: %d holds reported (request, body and memory of each lease, retired apart), up to %d waiters; referee overshoot %d (for %v), server-side %d (%d samples); %d workers failed",
-		procs, lanes, dur, starts, peakWaiters, over, overFor, sover, samples, failed)
+		r.procs, r.lanes, r.dur, starts, peakWaiters, over, overFor, sover, samples, failed)
 	if over > 0 || sover > 0 {
 		t.Errorf("over-admission: referee %d, server %d", over, sover)
 	}
 	if failed > 0 {
 		t.Errorf("%d workers failed", failed)
 	}
-	expectZeroUsage(t, obs, 3*faultL+slack)
-	expectKeysHaveTTL(t, srv.Client(t), name)
+	expectZeroUsage(t, r.obs, 3*faultL+slack)
+	expectKeysHaveTTL(t, r.srv.Client(t), r.name)
 }
 
 // 17. Secrets: with a password in the URL and ACL credentials, every error

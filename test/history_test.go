@@ -160,62 +160,24 @@ func readHistories(t *testing.T, dir string, want int) history.History {
 // every worker recording its history; the merged history is checked.
 func TestFault15LoadHistory(t *testing.T) {
 	schedule(t)
-	procs, lanes, dur := 4, 16, 3*time.Second
-	if long {
-		procs, lanes, dur = 32, 32, 60*time.Second
-	}
-	srv := redistest.Start(t)
-	name := "f15h"
-	const slotsPer = 2
-	// As in 15: 2 requests and 2 bodies per domain, shared by the run;
-	// memory for 8 buffers on each host.
-	ref := startReferee(t, func(res string) int {
-		if strings.HasPrefix(res, "memory/") {
-			return slotsPer * 4
-		}
-		return slotsPer
-	})
-	s, err := redisstore.New(srv.Client(t), name, redisstore.WithLeaseTTL(faultL))
-	if err != nil {
-		t.Fatal(err)
-	}
-	obs, err := budget.New(laneLimits(slotsPer, 4), budget.WithStore(s))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer obs.Close()
+	r := newLoadRig(t, "f15h")
 	dir := t.TempDir()
 	t.Setenv(envHistoryDir, dir)
-	var ws []*proc
-	for p := range procs {
-		ws = append(ws, startWorker(t, faultEnv{Role: "lanes", Redis: srv.Addr(), Name: name, TTL: 3 * faultL, Slots: slotsPer,
-			Domains: 4, Lanes: lanes, For: dur, Hold: 2 * time.Millisecond, Referee: ref.addr(), Consumer: "p" + strconv.Itoa(p)}))
-	}
-	failed := 0
-	for _, w := range ws {
-		select {
-		case <-w.exit:
-		case <-time.After(dur + 60*time.Second):
-			t.Fatal("worker did not finish")
-		}
-		if w.err != nil {
-			failed++
-		}
-	}
-	over, overFor, starts := ref.report()
+	failed := r.wait(t, r.start(t))
+	over, overFor, starts := r.ref.report()
 	figure(t, "%d processes x %d lanes, %v, 8 slots over 4 domains: %d holds reported; referee overshoot %d (for %v); %d workers failed",
-		procs, lanes, dur, starts, over, overFor, failed)
+		r.procs, r.lanes, r.dur, starts, over, overFor, failed)
 	if over > 0 || failed > 0 {
 		t.Errorf("referee overshoot %d, %d workers failed", over, failed)
 	}
-	res := checkHistory(t, readHistories(t, dir, procs), history.Options{Limits: laneLimits(slotsPer, 4), Timeout: 5 * time.Minute})
+	res := checkHistory(t, readHistories(t, dir, r.procs), history.Options{Limits: laneLimits(loadSlots, 4), Timeout: 5 * time.Minute})
 	if err := res.Err(); err != nil {
 		t.Error(err)
 	}
 	if res.Grants == 0 {
 		t.Error("the history holds no grant")
 	}
-	expectZeroUsage(t, obs, 3*faultL+slack)
+	expectZeroUsage(t, r.obs, 3*faultL+slack)
 }
 
 // overGrantStore is a planted bug: now and then it tells a waiter the store
