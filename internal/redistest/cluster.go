@@ -205,9 +205,11 @@ func (c *Cluster) Nodes() []*Server { return append([]*Server(nil), c.nodes...) 
 // production code sees. One of them matters in fault tests: go-redis reloads
 // its slot map on MOVED, ASK or READONLY replies, or every
 // ClusterStateReloadInterval (60s), but not when a master refuses
-// connections. After killing a master, call ReloadState once the cluster has
-// failed over (NodeForKey names the new master), or commands for its slots
-// keep dialing the dead node.
+// connections. After killing a master, call ReloadState after each command
+// that fails once the cluster has failed over (NodeForKey names the new
+// master), or commands for its slots keep dialing the dead node. One call is
+// not enough: the reload asks some node for the slot map, and that node may
+// not have heard of the failover yet.
 func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
 	t.Helper()
 	cc := redis.NewClusterClient(&redis.ClusterOptions{
