@@ -272,33 +272,41 @@ local function forget_limits()
   LIM, DC = nil, {}
 end
 
--- A domain is one string value holding all its fields, packed
--- (struct.pack, little-endian): a version byte, then DFIX's fields, then the
--- in-flight count of each class by index. One GET and one SET instead of
--- HMGETs of a dozen fields and an HSET of the changed ones: a field of an
--- HMGET costs about a quarter of a microsecond inside a script here, and
--- turning the replies into numbers as much again, while unpacking the
--- whole value costs about that of two fields.
+-- A domain is one string value holding all its fields, packed with
+-- struct.pack as big-endian 64-bit words: the layout version, DFIX's
+-- fields (qf and b as integers, the rest as doubles), then the in-flight
+-- count of each class by index, as integers. One GET and one SET instead
+-- of HMGETs of a dozen fields and an HSET of the changed ones: a field of
+-- an HMGET costs about a quarter of a microsecond inside a script here,
+-- and turning the replies into numbers as much again, while unpacking the
+-- whole value costs about that of two fields. Integers in big-endian words
+-- are what BITFIELD counts in, so a retirement changes its counts in place
+-- with one command and no unpacking (retire).
+--   qf  1 while the queue q:<enc> may hold waiters: set when one joins,
+--       cleared by a call that finds the queue empty, so a call that finds
+--       it 0 need not look at the queue. A domain whose value is missing
+--       (new, expired or lost) has its queue looked at once on load.
 --   b   open bodies                 bk  1 once the bucket is in use
 --   tk  tokens                      ta  when they were counted (us)
 --   th  1 while throttled           pu  pause end (us)
 --   rx  when the key's TTL runs out (us), as last set by a script
 --   wm, da   the throttle's factor before its last decrease, and when
 --   bs, ss, sa, fs   the start rate: base, decayed sum, last start, first
---   qf  1 while the queue q:<enc> may hold waiters: set when one joins,
---       cleared by a call that finds the queue empty, so a call that finds
---       it 0 need not look at the queue. A domain whose value is missing
---       (new, expired or lost) has its queue looked at once on load.
 local DVERSION = 2
-local DFIX = {'b', 'bk', 'tk', 'ta', 'th', 'pu', 'rx', 'wm', 'da', 'bs', 'ss', 'sa', 'fs', 'qf'}
--- Formats: the whole value, and the counts alone, which start at byte
--- DCOUNTS; DLEN bytes in all. (String concatenation only: a library's
--- load runs without string.rep.)
-local DFMT, DCFMT = '<B', '<'
-for _ = 1, #DFIX do DFMT = DFMT .. 'd' end
-for _ = 1, NCLASS do DFMT, DCFMT = DFMT .. 'd', DCFMT .. 'd' end
-local DCOUNTS = 2 + 8 * #DFIX
+local DFIX = {'qf', 'b', 'bk', 'tk', 'ta', 'th', 'pu', 'rx', 'wm', 'da', 'bs', 'ss', 'sa', 'fs'}
+-- Formats: the words before the counts, and the counts, which start at
+-- byte DCOUNTS; DLEN bytes in all. BFQ, BFB and BFC[c] are the BITFIELD
+-- offsets of qf, b and class c's count. (String concatenation only: a
+-- library's load runs without string.rep.)
+local DHFMT, DCFMT = '>i8i8i8', '>'
+for _ = 3, #DFIX do DHFMT = DHFMT .. 'd' end
+for _ = 1, NCLASS do DCFMT = DCFMT .. 'i8' end
+local DFMT = DHFMT
+for _ = 1, NCLASS do DFMT = DFMT .. 'i8' end
+local DCOUNTS = 1 + 8 * (1 + #DFIX)
 local DLEN = DCOUNTS - 1 + 8 * NCLASS
+local BFQ, BFB, BFC = '#1', '#2', {}
+for c = 1, NCLASS do BFC[c] = '#' .. (c + #DFIX) end
 
 local function dzero(d)
   local f = {}
@@ -309,16 +317,17 @@ local function dzero(d)
 end
 
 local function spack(d)
-  return struct.pack(DFMT, DVERSION, d.b, d.bk, d.tk, d.ta, d.th, d.pu, d.rx,
-    d.wm, d.da, d.bs, d.ss, d.sa, d.fs, d.qf, unpack(d.f))
+  return struct.pack(DFMT, DVERSION, d.qf, d.b, d.bk, d.tk, d.ta, d.th, d.pu, d.rx,
+    d.wm, d.da, d.bs, d.ss, d.sa, d.fs, unpack(d.f))
 end
 
 -- Returns a domain table for value s (nil for a value this build cannot
 -- read), all its fields given in one constructor: a table grown field by
 -- field rehashes several times on the way.
 local function sunpack(enc, key, q, s)
-  if #s ~= DLEN or string.byte(s) ~= DVERSION then return nil end
-  local _, b, bk, tk, ta, th, pu, rx, wm, da, bs, ss, sa, fs, qf = struct.unpack(DFMT, s)
+  if #s ~= DLEN then return nil end
+  local v, qf, b, bk, tk, ta, th, pu, rx, wm, da, bs, ss, sa, fs = struct.unpack(DHFMT, s)
+  if v ~= DVERSION then return nil end
   local f = {struct.unpack(DCFMT, s, DCOUNTS)}
   f[NCLASS + 1] = nil -- the position after the counts
   return {enc = enc, key = key, q = q, s = s, new = false, f = f, b = b, bk = bk, tk = tk, ta = ta,
@@ -646,6 +655,69 @@ local function remove_waiter(wid)
   redis.call('ZREM', P .. 'wexp', wid)
 end
 
+-- Returns a lease's parts (dr, db: its request slot, its body slot) to
+-- domain enc, class index ci, by loading and saving the domain.
+local function dreturn(enc, ci, dr, db, now, lim)
+  local d = dload(enc)
+  -- A domain outlives its leases (heartbeats renew it), so one that is
+  -- missing went with its counts (a state loss): there is nothing to
+  -- return, and nothing is written, so no key is made without cause. For
+  -- the same reason a count never goes below zero.
+  if not d.new then
+    if dr and d.f[ci] > 0 then d.f[ci] = d.f[ci] - 1 end
+    if db and d.b > 0 then d.b = d.b - 1 end
+  end
+  if d.qf == 1 then
+    local h = head(d.q)
+    if h then candidate(h) else d.qf = 0 end
+  end
+  if not d.new then dsave(d, now, lim) end
+end
+
+-- The same in place, with one BITFIELD that reads the version and qf and
+-- takes one off each count: no unpacking, no packing, no TTL change (a
+-- retirement never needs its domain's TTL renewed: the heartbeats and the
+-- grants do that). 2.4 us where loading and saving took 3.8, here. A
+-- domain this call has loaded goes through its table instead, which must
+-- stay what Redis holds.
+local function dreturn_fast(enc, ci, dr, db, now, lim)
+  if DC[enc] or not STRUCT then return dreturn(enc, ci, dr, db, now, lim) end
+  local key = P .. 'd:' .. enc
+  local r
+  if dr and db then
+    r = redis.pcall('BITFIELD', key, 'GET', 'i64', '#0', 'GET', 'i64', BFQ,
+      'INCRBY', 'i64', BFC[ci], -1, 'INCRBY', 'i64', BFB, -1)
+  elseif dr then
+    r = redis.pcall('BITFIELD', key, 'GET', 'i64', '#0', 'GET', 'i64', BFQ, 'INCRBY', 'i64', BFC[ci], -1)
+  else
+    r = redis.pcall('BITFIELD', key, 'GET', 'i64', '#0', 'GET', 'i64', BFQ, 'INCRBY', 'i64', BFB, -1)
+  end
+  if r.err then
+    -- The previous layout's hash: dload converts it.
+    if not string.find(r.err, '^WRONGTYPE') then error(r) end
+    return dreturn(enc, ci, dr, db, now, lim)
+  end
+  if r[1] ~= DVERSION then
+    -- Not this layout: BITFIELD made the key just now (it was missing), or
+    -- it holds a value of a later version. Undo, and let dreturn see it.
+    if r[1] == 0 then
+      redis.call('DEL', key)
+    elseif dr and db then
+      redis.call('BITFIELD', key, 'INCRBY', 'i64', BFC[ci], 1, 'INCRBY', 'i64', BFB, 1)
+    else
+      redis.call('BITFIELD', key, 'INCRBY', 'i64', dr and BFC[ci] or BFB, 1)
+    end
+    return dreturn(enc, ci, dr, db, now, lim)
+  end
+  -- A count below zero (its domain lost it) goes back to zero.
+  if r[3] < 0 then redis.call('BITFIELD', key, 'SET', 'i64', dr and BFC[ci] or BFB, 0) end
+  if r[4] and r[4] < 0 then redis.call('BITFIELD', key, 'SET', 'i64', BFB, 0) end
+  if r[2] == 1 then
+    local h = head(P .. 'q:' .. enc)
+    if h then candidate(h) end
+  end
+end
+
 -- Returns parts of lease lid (r, b are 0 or 1); the heads of its queues
 -- become candidates. popped says reclaim has already taken lid out of its
 -- session's set. Returns the lease's record as it was (nil when unknown).
@@ -666,20 +738,7 @@ local function retire(lid, r, b, popped)
   if dr or db then
     local now, lim, ci = clock(), lims(), l.c + 1
     for enc in string.gmatch(l.ds, '[^,]+') do
-      local d = dload(enc)
-      -- A domain outlives its leases (heartbeats renew it), so one that is
-      -- missing went with its counts (a state loss): there is nothing to
-      -- return, and nothing is written, so no key is made without cause.
-      -- For the same reason a count never goes below zero.
-      if not d.new then
-        if dr and d.f[ci] > 0 then d.f[ci] = d.f[ci] - 1 end
-        if db and d.b > 0 then d.b = d.b - 1 end
-      end
-      if d.qf == 1 then
-        local h = head(d.q)
-        if h then candidate(h) else d.qf = 0 end
-      end
-      if not d.new then dsave(d, now, lim) end
+      dreturn_fast(enc, ci, dr, db, now, lim)
     end
   end
   if dr then hr = 0 end

@@ -12,14 +12,14 @@ import (
 	"strings"
 )
 
-// Version is the layout version, the value's first byte (or, in the text
+// Version is the layout version, the value's first word (or, in the text
 // form, its second field).
 const Version = 2
 
 // Domain is one domain's state as stored. Times are microseconds since the
 // Unix epoch, as Redis TIME gives them.
 type Domain struct {
-	InFlight     []int // by class index
+	QueueMayHold bool
 	Bodies       int
 	BucketInUse  bool
 	Tokens       float64
@@ -33,18 +33,20 @@ type Domain struct {
 	StartSum     float64
 	LastStart    int64
 	FirstStart   int64
-	QueueMayHold bool
+	InFlight     []int // by class index
 }
 
-// fixed is the number of fields before the counts (lib.lua's DFIX).
+// fixed is the number of fields between the version and the counts
+// (lib.lua's DFIX); the first two are integers, the rest doubles.
 const fixed = 14
 
 // ErrLayout is returned for a value in no layout this package knows.
 var ErrLayout = errors.New("dompack: not a packed domain value")
 
 // Decode reads v, a domain value of a budget with nclass operation classes:
-// the binary form (Redis, struct.pack of little-endian doubles after a
-// version byte) or the text form (servers without the struct library).
+// the binary form (Redis: big-endian 64-bit words, integers for the
+// version, the first two fields and the counts, doubles for the rest) or
+// the text form (servers without Lua's struct library).
 func Decode(v string, nclass int) (Domain, error) {
 	var f []float64
 	switch {
@@ -60,18 +62,26 @@ func Decode(v string, nclass int) (Domain, error) {
 			}
 			f = append(f, x)
 		}
-	case len(v) == 1+8*(fixed+nclass) && v[0] == Version:
-		for i := 1; i < len(v); i += 8 {
-			f = append(f, math.Float64frombits(binary.LittleEndian.Uint64([]byte(v[i:i+8]))))
+	case len(v) == 8*(1+fixed+nclass):
+		word := func(i int) uint64 { return binary.BigEndian.Uint64([]byte(v[8*i : 8*i+8])) }
+		if int64(word(0)) != Version {
+			return Domain{}, ErrLayout
+		}
+		for i := 1; i <= fixed+nclass; i++ {
+			if i <= 2 || i > fixed {
+				f = append(f, float64(int64(word(i))))
+			} else {
+				f = append(f, math.Float64frombits(word(i)))
+			}
 		}
 	default:
 		return Domain{}, ErrLayout
 	}
 	d := Domain{
-		Bodies: int(f[0]), BucketInUse: f[1] == 1, Tokens: f[2], TokensAt: int64(f[3]),
-		Throttled: f[4] == 1, PauseEnd: int64(f[5]), TTLEnd: int64(f[6]),
-		FactorBefore: f[7], DecreasedAt: int64(f[8]), StartBase: f[9], StartSum: f[10],
-		LastStart: int64(f[11]), FirstStart: int64(f[12]), QueueMayHold: f[13] == 1,
+		QueueMayHold: f[0] == 1, Bodies: int(f[1]), BucketInUse: f[2] == 1, Tokens: f[3], TokensAt: int64(f[4]),
+		Throttled: f[5] == 1, PauseEnd: int64(f[6]), TTLEnd: int64(f[7]),
+		FactorBefore: f[8], DecreasedAt: int64(f[9]), StartBase: f[10], StartSum: f[11],
+		LastStart: int64(f[12]), FirstStart: int64(f[13]),
 	}
 	for _, x := range f[fixed:] {
 		d.InFlight = append(d.InFlight, int(x))
