@@ -112,7 +112,7 @@ end
 -- Strict decimal integer in [lo, hi]. tonumber alone would accept hex,
 -- padding, "nan" and "inf"; a NaN must never reach a comparison.
 local function int(v, name, lo, hi)
-  if type(v) ~= 'string' or not string.match(v, '^%-?%d+$') or #v > 17 then
+  if type(v) ~= 'string' or #v > 17 or not string.find(v, '^%-?%d+$') then
     bad(name .. ' is not a decimal integer')
   end
   local n = tonumber(v)
@@ -135,7 +135,7 @@ local function dec(v, name, hi)
 end
 
 local function enc_arg(v)
-  if type(v) ~= 'string' or not string.match(v, '^%-?%d+%.%x+$') then
+  if type(v) ~= 'string' or not string.find(v, '^%-?%d+%.%x+$') then
     bad('domain encoding is malformed')
   end
   return v
@@ -552,7 +552,9 @@ end
 -- (any bytes). One field instead of a hash per lease: the leases of a
 -- group share one key, so one PEXPIRE keeps them all.
 local function lease_pack(hr, hb, class, granted, sid, encs, consumer)
-  return I(hr) .. I(hb) .. ' ' .. I(class) .. ' ' .. I(granted) .. ' ' .. sid .. ' ' .. encs .. ' ' .. consumer
+  -- One format for the numbers; the strings are joined, since %s stops
+  -- at a zero byte and a consumer may hold any bytes.
+  return string.format('%d%d %d %d ', hr, hb, class, granted) .. sid .. ' ' .. encs .. ' ' .. consumer
 end
 
 local function lease_unpack(v)
@@ -804,8 +806,9 @@ local function grant(req, doms, lim, now)
     dsave(d, now, lim)
   end
   local lx = P .. 'lx'
+  local encs = req.encs
   redis.call('HSET', lx, req.id, lease_pack(1, req.body, req.class, now, req.sid,
-    table.concat(req.encs, ','), req.consumer))
+    #encs == 1 and encs[1] or table.concat(encs, ','), req.consumer))
   redis.call('PEXPIRE', lx, IDLE)
   join(req.sid, req.id)
   return left
