@@ -185,6 +185,14 @@
 //     default trips during a failover, delaying the first call after the
 //     switch by up to a second (Sentinel, scenario 19: first grant
 //     2.3-3.1 s with the default, 2.2-2.3 s with ten per lane).
+//   - maxclients on every Redis server at least (PoolSize + 1) x the
+//     hosts that reach it: each store holds a pub/sub connection, which
+//     go-redis redials at once, while command connections are dialled on
+//     demand. Below one free connection per host, the hosts' pub/sub
+//     connections take the room and no call gets through until
+//     connections free up (scenario 23). A store whose connections Redis
+//     refuses for maxclients says so in its errors, which go-redis alone
+//     reports as a broken pipe or a timeout.
 //   - A short lease TTL (WithLeaseTTL) when fast recovery matters: a
 //     promoted replica is a new server, so the budget is quarantined for
 //     one TTL after a failover (see Failure above).

@@ -51,6 +51,7 @@ type Store struct {
 	// loaded (tests of that path on Redis 7).
 	evalOnly bool
 	idle     time.Duration
+	refusals *refusalWatch    // connections Redis refused for maxclients
 	pubCmd   string           // PUBLISH, or SPUBLISH on a Cluster
 	proc     string           // this process's name in wake channels
 	clock    func() time.Time // nil: Redis TIME (see withClock)
@@ -131,12 +132,13 @@ func New(client redis.UniversalClient, name string, opts ...Option) (*Store, err
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	s.refusals = watchRefusals(ctx, client)
 	if err := checkEviction(ctx, client); err != nil {
-		return nil, err
+		return nil, s.explain(err)
 	}
 	var err error
 	if s.sc, err = scriptsFor(ctx, client); err != nil {
-		return nil, err
+		return nil, s.explain(err)
 	}
 	// Redis 7 runs the scripts as a function library. Where it cannot
 	// (miniredis, older servers, an ACL without FUNCTION), EVALSHA runs the
@@ -149,7 +151,7 @@ func New(client redis.UniversalClient, name string, opts ...Option) (*Store, err
 	if s.single != nil {
 		if err := s.subscribeGroup(ctx, s.single); err != nil {
 			s.closeHubs()
-			return nil, err
+			return nil, s.explain(err)
 		}
 	}
 	return s, nil
