@@ -4,8 +4,8 @@
 -- persistence, a failover that dropped writes), a host puts back the leases
 -- it still holds, in its session, so counts are right again before the
 -- quarantine ends. Idempotent by lease id: a lease that exists is left as
--- it is. The budget stays quarantined (no new grants) for one TTL of the
--- re-asserting host.
+-- it is. The budget stays quarantined (no new grants) for one TTL of a
+-- host that put leases back.
 --
 -- A dead session is put back alive for one TTL, even if what Redis holds
 -- says it expired or ended: that state is older than the host's, whose
@@ -29,13 +29,6 @@ local now = clock()
 local lim = lims()
 if not lim then return {R_UNREGISTERED} end
 touch_cfg(now)
--- The host saw the epoch change under it. If the budget was re-created by
--- a host that could not know of the loss (it joined after it), nothing is
--- quarantined yet: hold new grants until this host's holders are back.
-if lim.qu < now + ttl then
-  lim.qu = now + ttl
-  redis.call('HSET', CFG, 'qu', I(lim.qu))
-end
 if n > 0 then
   -- Alive, it is left to the heartbeat that follows to renew.
   local sexp = P .. 'sexp'
@@ -74,5 +67,15 @@ end
 if put > 0 then
   redis.call('PEXPIRE', lx, IDLE)
   redis.call('PEXPIRE', P .. 'sl:' .. sid, IDLE)
+  -- Counts were missing these leases. If the budget was re-created by a
+  -- host that could not know of the loss (it joined after it), nothing is
+  -- quarantined yet: hold new grants until this host's holders are back. A
+  -- host that put nothing back (its leases were all there, or it held
+  -- none) leaves the quarantine as it is: re-asserting late, after its
+  -- first lease of the new epoch, it would otherwise stop grants again.
+  if lim.qu < now + ttl then
+    lim.qu = now + ttl
+    redis.call('HSET', CFG, 'qu', I(lim.qu))
+  end
 end
 return {R_OK, I(put)}
