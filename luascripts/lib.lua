@@ -267,7 +267,7 @@ end
 
 local function limits()
   if IN_LIBRARY then
-    local v = redis.call('HMGET', CFG, 'json', unpack(CALLF))
+    local v = redis.call('HMGET', CFG, 'json', 'rid', unpack(CALLF))
     if not v[1] then
       return nil
     end
@@ -286,7 +286,7 @@ local function limits()
       c.mt = {__index = c}
       LCACHE[CFG] = c
     end
-    return per_call(setmetatable({}, c.mt), v, 1)
+    return per_call(setmetatable({rid = v[2]}, c.mt), v, 2)
   end
   local v = redis.call('HMGET', CFG, unpack(LIMITF_ALL))
   if not v[1] then
@@ -739,6 +739,84 @@ local function decide(req, doms, lim, now)
   return 'granted', left
 end
 
+-- The run_id of the Redis running this script, or nil where INFO is not
+-- available in Lua (miniredis). INFO costs about 10us; a run_id never
+-- changes while a server runs, so a library reads it once (MYRID). Unlike
+-- the config's rid, which replicas copy, a library's variables belong to
+-- the server that runs it: a promoted replica's MYRID is its own run_id.
+local MYRID
+local function server_rid()
+  if MYRID then return MYRID end
+  local ok, info = pcall(redis.call, 'INFO', 'server')
+  if not ok or type(info) ~= 'string' then return nil end
+  local rid = string.match(info, 'run_id:(%x+)')
+  if IN_LIBRARY then MYRID = rid end
+  return rid
+end
+
+-- Reports whether the budget's data was written by another Redis than the
+-- one running this script: a restart from disk (AOF or RDB) or a replica
+-- promoted after its master died. Writes of the last moments before may be
+-- missing (the replica never got them), so the counts cannot be trusted as
+-- they are. Without a library every check pays for INFO, so only the
+-- register, heartbeat and throttle scripts ask; miniredis (no INFO in Lua)
+-- never reports a restart.
+local function restarted()
+  local rid = server_rid()
+  if not rid then return false end
+  local known = redis.call('HGET', CFG, 'rid')
+  if known == rid then return false end
+  redis.call('HSET', CFG, 'rid', rid)
+  return known ~= false
+end
+
+-- Starts a new epoch under quarantine: every live holder re-asserts its
+-- leases (it sees the epoch change on its next heartbeat) before any new
+-- grant trusts the counts. rebuild says the counts cannot be trusted even
+-- then (keys may have expired apart, Clock jumps): lease records, queues
+-- and waiters are dropped, and domains' counts read as zero until
+-- re-assertion counts them again (waiters join the queues again on their
+-- next call). Work in the number of domains and waiters, on a rare call.
+local function new_epoch(now, quarantine_us, rebuild)
+  local e = math.max(now, (tonumber(redis.call('HGET', CFG, 'epoch')) or 0) + 1)
+  local f = {'epoch', I(e), 'qu', I(now + quarantine_us)}
+  if rebuild then
+    f[#f + 1], f[#f + 2] = 'ce', I(e)
+    redis.call('DEL', P .. 'lx')
+    for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
+      redis.call('DEL', P .. 'q:' .. enc)
+    end
+    for _, wid in ipairs(redis.call('ZRANGE', P .. 'wexp', 0, -1)) do
+      redis.call('DEL', P .. 'w:' .. wid)
+    end
+    redis.call('DEL', P .. 'wexp')
+    DC = {}
+  end
+  redis.call('HSET', CFG, unpack(f))
+  if LIM then
+    LIM.qu = now + quarantine_us
+    if rebuild then LIM.ce = e end
+  end
+  return I(e)
+end
+
+-- vouch runs before a grant (acquire, and a handoff to a queued waiter):
+-- in a library, where the config's rid comes with the limits and the
+-- server's own is cached, it costs a comparison, so every grant checks
+-- that this server wrote the counts it trusts. The first call of a group
+-- on a promoted replica or a restarted server then starts the new epoch
+-- itself, before it grants, instead of leaving that to the next heartbeat
+-- (by then the stale counts may have admitted above the ceiling). The
+-- quarantine is one TTL of the waiter at hand. Through EVALSHA the check
+-- would cost INFO on every call, so there it stays with the heartbeat.
+local function vouch(lim, now, quarantine_us)
+  if not IN_LIBRARY then return end
+  local rid = server_rid()
+  if not rid or lim.rid == rid then return end
+  lim.rid = rid
+  if restarted() then new_epoch(now, quarantine_us) end
+end
+
 -- try_grant admits queued waiter wid on its stored request if it heads all
 -- its queues and fits now, and tells it so. Returns 'granted', 'wait' (held
 -- back by the rate or a pause), 'blocked' (a ceiling), 'no' (not a head of
@@ -749,6 +827,7 @@ local function try_grant(wid, now)
   local v = redis.call('HMGET', P .. 'w:' .. wid, 'ds', 'c', 'b', 'cs', 'ch', 'ttl', 'sn')
   if not v[1] then return 'no' end
   if not lim or not v[6] or not v[7] then return 'unknown' end
+  vouch(lim, now, tonumber(v[6]))
   -- No grant while the budget is quarantined after a state loss (waiters
   -- can survive a restart from AOF); the waiter learns how long from its
   -- own call, which the quarantine delays.
@@ -847,60 +926,13 @@ local function reclaim(now)
   end
 end
 
--- Reports whether Redis restarted since this budget was last checked while
--- its data came back from disk (AOF or RDB): writes of the last moments
--- before the crash may be missing, so counts cannot be trusted as they are.
--- INFO costs about 10us, so only the register, heartbeat and throttle
--- scripts ask; miniredis (no INFO in Lua) never reports a restart.
-local function restarted()
-  local ok, info = pcall(redis.call, 'INFO', 'server')
-  if not ok or type(info) ~= 'string' then return false end
-  local rid = string.match(info, 'run_id:(%x+)')
-  if not rid then return false end
-  local known = redis.call('HGET', CFG, 'rid')
-  if known == rid then return false end
-  redis.call('HSET', CFG, 'rid', rid)
-  return known ~= false
-end
-
--- Starts a new epoch under quarantine: every live holder re-asserts its
--- leases (it sees the epoch change on its next heartbeat) before any new
--- grant trusts the counts. rebuild says the counts cannot be trusted even
--- then (keys may have expired apart, Clock jumps): lease records, queues
--- and waiters are dropped, and domains' counts read as zero until
--- re-assertion counts them again (waiters join the queues again on their
--- next call). Work in the number of domains and waiters, on a rare call.
-local function new_epoch(now, quarantine_us, rebuild)
-  local e = math.max(now, (tonumber(redis.call('HGET', CFG, 'epoch')) or 0) + 1)
-  local f = {'epoch', I(e), 'qu', I(now + quarantine_us)}
-  if rebuild then
-    f[#f + 1], f[#f + 2] = 'ce', I(e)
-    redis.call('DEL', P .. 'lx')
-    for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
-      redis.call('DEL', P .. 'q:' .. enc)
-    end
-    for _, wid in ipairs(redis.call('ZRANGE', P .. 'wexp', 0, -1)) do
-      redis.call('DEL', P .. 'w:' .. wid)
-    end
-    redis.call('DEL', P .. 'wexp')
-    DC = {}
-  end
-  redis.call('HSET', CFG, unpack(f))
-  if LIM then
-    LIM.qu = now + quarantine_us
-    if rebuild then LIM.ce = e end
-  end
-  return I(e)
-end
-
 -- Reports, without noting it, whether Redis's run_id differs from the one
 -- that wrote the config (restarted() notes it, and starts the epoch).
 local function run_id_changed()
-  local ok, info = pcall(redis.call, 'INFO', 'server')
-  if not ok or type(info) ~= 'string' then return false end
-  local rid = string.match(info, 'run_id:(%x+)')
+  local rid = server_rid()
+  if not rid then return false end
   local known = redis.call('HGET', CFG, 'rid')
-  return rid ~= nil and known ~= false and known ~= rid
+  return known ~= false and known ~= rid
 end
 
 -- The group clock (Clock jumps, above). STEP bounds how far lt may lag the
