@@ -12,17 +12,23 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
 	"github.com/runbudget/runbudget/internal/redistest"
+	"github.com/runbudget/runbudget/redisstore"
 )
 
 // 22. Redis's clock jumps: the server's wall clock (TIME, and with it key
 // expiry) moves back or forward by minutes under libfaketime while hosts
-// admit against a small ceiling. Lanes hold briefly, one lane holds for 2L
-// at a time, across each jump, and the referee counts holders. Pass bars: the
-// referee never above the ceiling, no lane waits longer than L + 2 s in
-// one Acquire (no waiter stuck until the clock catches up), no lease lost
-// (a live holder keeps its session through the jump), usage back to zero.
+// admit against a small ceiling and a rate. Lanes hold briefly, one lane
+// holds for 2L at a time, across each jump, and the referee counts
+// holders; before each jump one more host takes a slot and, right after
+// it, dies (its client closed: no release, no beat). Pass bars: the
+// referee never above the ceiling; no lane waits longer than L + 2 s in
+// one Acquire (no waiter stuck until the clock catches up, on a slot or on
+// the bucket); no lane's lease lost (a live holder keeps its session
+// through the jump); the dead host's slot back within L + H + slack, as in
+// scenario 1; usage back to zero.
 //
 // Cases: back by minutes; forward by 20 s (past half a TTL, short of the
 // far-jump bound of an eighth of the idle TTL, 37.5 s here: the group
@@ -66,9 +72,30 @@ type jumpLane struct {
 	firstErr error
 }
 
+// jumpSlots is the ceiling: the long lane's slot, the dying host's, and
+// two for the short lanes.
+const jumpSlots = 4
+
+// jumpHost is one host of scenario 22: a rate the lanes reach, so a bucket
+// that stopped refilling shows, and the ceiling.
+func jumpHost(t *testing.T, c *redis.Client, name string) *budget.Budget {
+	t.Helper()
+	s, err := redisstore.New(c, name, redisstore.WithLeaseTTL(faultL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := budget.New(budget.Limits{RequestsPerSecond: 2000, Burst: 20, InFlight: map[budget.OpClass]int{budget.OpGet: jumpSlots}},
+		budget.WithStore(s), budget.WithUnavailableGrace(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
 func clockJump(t *testing.T, jumps []time.Duration) {
 	schedule(t)
-	const slots = 3
+	const slots = jumpSlots
 	hosts, lanes, phase := 3, 3, 1500*time.Millisecond
 	if long {
 		hosts, lanes, phase = 4, 6, 8*time.Second
@@ -78,7 +105,7 @@ func clockJump(t *testing.T, jumps []time.Duration) {
 	ref := startReferee(t, func(string) int { return slots })
 	var bs []*budget.Budget
 	for range hosts {
-		bs = append(bs, hostOn(t, srv.Client(t), name, slots, budget.WithUnavailableGrace(time.Hour)))
+		bs = append(bs, jumpHost(t, srv.Client(t), name))
 	}
 	smp := startSampler(t, srv.Client(t), name, []budget.Domain{faultDomain(0)}, slots)
 
@@ -87,17 +114,23 @@ func clockJump(t *testing.T, jumps []time.Duration) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var seen []*jumpLane
-	for h, b := range bs {
-		for i := range lanes {
+	// One more host runs one lane that holds a slot for 2L at a time,
+	// across each jump: its session must survive it. Alone on its host, it
+	// is heard from only by heartbeats, every H, as a holder of long
+	// requests would be. The other lanes hold briefly and keep the line
+	// moving on the other slots.
+	holder := jumpHost(t, srv.Client(t), name)
+	for h, b := range append(bs, holder) {
+		n, hold := lanes, 5*time.Millisecond
+		if b == holder {
+			n, hold = 1, 2*faultL
+		}
+		for i := range n {
 			ln := &jumpLane{name: fmt.Sprintf("h%d/%d", h, i)}
-			seen = append(seen, ln)
-			// Lane 0 of host 0 holds one of the slots across each jump: its
-			// session must survive it. The others hold briefly, and keep
-			// the line moving on the other slots.
-			hold := 5 * time.Millisecond
-			if h == 0 && i == 0 {
-				hold = 2 * faultL
+			if b == holder {
+				ln.name = "long"
 			}
+			seen = append(seen, ln)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -117,12 +150,34 @@ func clockJump(t *testing.T, jumps []time.Duration) {
 	p := "rb:{" + hex.EncodeToString([]byte(name)) + "}:"
 	time.Sleep(phase) // load before the first jump
 	var notes []string
+	var reclaims []time.Duration // per jump: the dead host's slot back after its death
 	for _, off := range jumps {
+		// The host that dies: it takes a slot in line, like any lane.
+		dc := srv.Client(t)
+		dying := jumpHost(t, dc, name)
+		actx, acancel := context.WithTimeout(context.Background(), 5*time.Second)
+		dl, err := dying.Acquire(actx, budget.Request{Domains: []budget.Domain{faultDomain(0)}, Class: budget.OpGet, Consumer: "dying"})
+		acancel()
+		if err != nil {
+			t.Fatalf("the dying host's Acquire: %v", err)
+		}
 		epoch := c.HGet(context.Background(), p+"cfg", "epoch").Val()
 		if err := srv.SetClockOffset(off); err != nil {
 			t.Fatal(err)
 		}
 		at := time.Now()
+		dc.Close() // dead: it never releases nor beats again
+		reclaimed := make(chan time.Duration, 1)
+		go func() {
+			for time.Since(at) < 2*phase {
+				if n, err := c.HExists(context.Background(), p+"lx", dl.ID()).Result(); err == nil && !n {
+					reclaimed <- time.Since(at)
+					return
+				}
+				time.Sleep(10 * time.Millisecond) // Redis sends no event when a lease is reclaimed
+			}
+			reclaimed <- -1
+		}()
 		// What the group made of it, once the hosts have called: its clock
 		// offset, a new epoch, and a quarantine's end (group time).
 		time.Sleep(faultH)
@@ -137,6 +192,7 @@ func clockJump(t *testing.T, jumps []time.Duration) {
 			note += ", same epoch, no quarantine"
 		}
 		time.Sleep(phase*2 - faultH)
+		reclaims = append(reclaims, <-reclaimed)
 		if e, _ := v[2].(string); e != epoch {
 			// Re-assertions extend the quarantine: where it ended.
 			v := c.HMGet(context.Background(), p+"cfg", "co", "qu").Val()
@@ -175,9 +231,17 @@ func clockJump(t *testing.T, jumps []time.Duration) {
 			t.Errorf("lane %s: %v", ln.name, ln.firstErr)
 		}
 	}
-	figure(t, "%d hosts x %d lanes on %d slots, jumps %v; %s; %d grants (%d holds reported); peak %d of ceiling %d, referee overshoot %d (for %v), server-side %d (%d samples); longest Acquire %v (lane %s; bar L + 2s); leases lost %d; lane errors %d",
+	var back []string
+	for _, r := range reclaims {
+		if r < 0 {
+			back = append(back, fmt.Sprintf("not within %v", 2*phase))
+		} else {
+			back = append(back, r.Round(time.Millisecond).String())
+		}
+	}
+	figure(t, "%d hosts x %d lanes on %d slots at 2000/s, jumps to offsets %v; %s; %d grants (%d holds reported); peak %d of ceiling %d, referee overshoot %d (for %v), server-side %d (%d samples); longest Acquire %v (lane %s; bar L + 2s); lanes' leases lost %d; dead host's slot back after %s (bar L + H + slack); lane errors %d",
 		hosts, lanes, slots, jumps, strings.Join(notes, "; "), grants, starts, ref.peakOf(faultDomain(0).ID+"/get"), slots, over, overFor, sover, samples,
-		longest.Round(time.Millisecond), worst, lost, errs)
+		longest.Round(time.Millisecond), worst, lost, strings.Join(back, ", "), errs)
 	t.Logf("longest Acquire per lane: %s", strings.Join(perLane, ", "))
 	if over > 0 || sover > 0 {
 		t.Errorf("over-admission: referee %d, server-side %d", over, sover)
@@ -187,6 +251,11 @@ func clockJump(t *testing.T, jumps []time.Duration) {
 	}
 	if lost > 0 {
 		t.Errorf("%d leases lost: a live holder's session did not survive the jump", lost)
+	}
+	for i, r := range reclaims {
+		if r < 0 || r > faultL+faultH+slack {
+			t.Errorf("jump %d: the dead host's slot back after %s, bar L + H + slack = %v", i, back[i], faultL+faultH+slack)
+		}
 	}
 	for _, ln := range seen {
 		if ln.grants < 2 {
