@@ -80,7 +80,8 @@
 -- a group clock, Redis TIME plus an offset (cfg co), checked against the
 -- latest time the group read (cfg lt, kept within STEP):
 --   - earlier than lt: TIME went back. The offset grows by the difference,
---     and the group's time goes on from lt as if nothing had happened.
+--     and the group's time goes on from lt as if nothing had happened. The
+--     config's TTL is renewed with the keys it vouches for (touch_cfg).
 --   - more than J past lt (half the longest lease TTL), with leases held:
 --     every live holder beats at least every third of a TTL, so nobody
 --     was heard from in two thirds of the time they beat in. Either every
@@ -331,7 +332,8 @@ local function dload(enc)
     wm = 0, da = 0, bs = 0, ss = 0, sa = 0, fs = 0}
   for i, f in ipairs(CORE) do d[f] = v[i] end
   local lim = lims()
-  if lim and d.ep ~= lim.ce then
+  local stale = lim and d.ep ~= lim.ce
+  if stale then
     -- Counts of an epoch before the last rebuild (Clock jumps): its
     -- leases are gone, and re-assertion counts the live ones again.
     for _, f in ipairs(CLASSF) do d[f] = 0 end
@@ -344,6 +346,17 @@ local function dload(enc)
       d[EXTRA[i]] = e[i]
     end
     d.x = e
+  end
+  -- On the group clock no stored time lies ahead of now but a bucket held
+  -- back by a pause. A domain that outlived its config may keep the times
+  -- of the lost config's clock (Clock jumps): they are brought back to
+  -- now, or its bucket would not refill until this clock caught up.
+  local now = NOW
+  if stale and now then
+    if d.ta > now and d.ta > d.pu then d.ta = now end
+    if d.da > now then d.da = now end
+    if d.sa > now then d.sa = now end
+    if d.fs > now then d.fs = now end
   end
   DC[enc] = d
   return d
@@ -949,9 +962,11 @@ local function group_clock(raw)
   local tl = lim.tl > 0 and lim.tl or IDLE * 50 -- what the idle TTL says
   local j = math.floor(tl / 2)
   local rebuild = false
+  local back = false
   if lt > 0 and now < lt then
     co = co + (lt - now)
     now = lt
+    back = true
   elseif lt > 0 and now - lt > j and redis.call('EXISTS', P .. 'lx') == 1 then
     local gap = now - lt
     rebuild = gap >= IDLE * 125
@@ -970,6 +985,13 @@ local function group_clock(raw)
     f[#f + 1], f[#f + 2] = 'lt', I(now)
   end
   if #f > 0 then redis.call('HSET', CFG, unpack(f)) end
+  if back then
+    -- Keys renewed from now on expire earlier, by Redis's clock, than
+    -- the config renewed before: renew it, and the keys it vouches for,
+    -- with them, so that the config still never outlives the records.
+    lim.rx = 0
+    touch_cfg()
+  end
   if rebuild then new_epoch(now, tl, true) end
   return now
 end

@@ -292,3 +292,31 @@ func TestClockForwardIdleIsTime(t *testing.T) {
 		}
 	}
 }
+
+// TestClockBackConfigNeverOutlivesRecords: after TIME went back, keys
+// renewed from then on expire earlier by Redis's clock than the config
+// renewed before; a jump forward could then expire the lease records and
+// leave the config, which would vouch for counts no record backs. The step
+// back renews the config with the records.
+func TestClockBackConfigNeverOutlivesRecords(t *testing.T) {
+	c := redistest.Start(t).Client(t)
+	ctx := context.Background()
+	clock := newJumpClock()
+	s := jumpStore(t, c, "back-ttls", time.Second, clock, budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 2}})
+	if a := try(t, s, "held"); a.Outcome != budget.Granted {
+		t.Fatalf("grant: %v", a.Outcome)
+	}
+	p := "rb:{" + hex.EncodeToString([]byte("back-ttls")) + "}:"
+	// What a step back of Redis's own clock does to a TTL set before it.
+	idle := redisstore.IdleTTL(s)
+	if err := c.PExpire(ctx, p+"cfg", idle+5*time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	clock.jump(-5 * time.Minute)
+	if a := try(t, s, "next"); a.Outcome != budget.Granted {
+		t.Fatalf("grant after the step back: %v", a.Outcome)
+	}
+	if cfg, lx := c.PTTL(ctx, p+"cfg").Val(), c.PTTL(ctx, p+"lx").Val(); cfg > lx {
+		t.Errorf("after a step back the config lives %v, the lease records %v: the config outlives them", cfg, lx)
+	}
+}
