@@ -159,6 +159,24 @@
 // budget should use the same lease TTL, since the quarantine lasts one TTL
 // of the host that noticed.
 //
+// Redis TIME can jump (a clock stepped by hand or by NTP, a VM restored).
+// The scripts keep each group on a clock of its own, TIME plus an offset
+// stored in its config, that never runs back: when TIME goes back, the
+// group goes on from the latest time it read, so buckets keep refilling
+// and deadlines and pauses end when they would have. When TIME moves more
+// than half a lease TTL (the longest registered) past that time while
+// leases are held, either every holder went silent or TIME jumped, which
+// Redis cannot tell apart; the group's clock then moves half a TTL only,
+// so no live holder's session expires (it beats again within a third) and
+// a dead one's slots come back at most a TTL later. A restarted server or
+// a promoted replica (another run_id) is trusted: real time passed there.
+// A jump of an eighth of the idle TTL or more may also have expired keys
+// one by one (key TTLs follow Redis's wall clock), so it starts a new epoch
+// under quarantine in which counts are rebuilt from the holders'
+// re-assertions alone; waiters join the line again. Without leases held a
+// jump forward is taken as time passed (a bucket fills, a pause ends
+// early). FAULTS.md, scenario 22, moves a real server's clock.
+//
 // Nothing is admitted without Redis. A call that fails on the network, on
 // BUSY, OOM, LOADING or a failover returns an error wrapping
 // budget.ErrUnavailable, which the budget retries within its grace. Errors
