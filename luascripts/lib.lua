@@ -14,8 +14,10 @@
 --   ARGV[2]  idle TTL in ms: how long a key lives after it was last touched.
 --   ARGV[3]  the clock: "" to use Redis TIME (production always sends ""),
 --            or a decimal count of microseconds since the Unix epoch that
---            every step of the call takes as now instead. Tests step it to
---            drive buckets, pauses and expiry without waiting.
+--            the call takes as Redis TIME instead. Tests step it to drive
+--            buckets, pauses and expiry without waiting, and to jump it.
+--            Either way the call's now is the group clock built on it (see
+--            Clock jumps below), and key TTLs follow it as given.
 --   ARGV[4…] the script's own arguments.
 -- Every reply is a list of strings whose first field is a reply code, one
 -- of the R_ constants below (redisstore mirrors them by name). Numbers go
@@ -27,10 +29,15 @@
 --   cfg          hash: limits (json, rps, burst, c0..c<NCLASS-1>, bodies),
 --                seq (arrival tickets), epoch, qu (quarantine end
 --                after a state loss), rid (the Redis run_id that wrote it),
---                rx (when its TTL runs out, us), rc (a time no later than
---                the earliest deadline in sexp and wexp: when reclaim is due)
+--                rx (when its TTL runs out, by Redis TIME, us), rc (a time
+--                no later than the earliest deadline in sexp and wexp: when
+--                reclaim is due), lt and co (the group clock: the latest
+--                time it read, and its offset from Redis TIME, us), tl (the
+--                longest lease TTL registered, us), ce (the epoch the
+--                domains' counts must be of)
 --   d:<enc>      string: one domain's counts, bucket, throttle, start rate,
---                when its TTL runs out and whether its queue may hold
+--                ep (the epoch of its counts), rx (when its TTL runs out,
+--                by Redis TIME, us) and whether its queue may hold
 --                waiters, packed in one value (see DFIX; internal/dompack
 --                reads it in Go). A build before this one kept a hash of
 --                the same fields here: it is converted where found.
@@ -65,6 +72,39 @@
 -- renews it (the holder hears R_SESSION_GONE and starts a new
 -- generation), and reclaim retires its leases, RECLAIM per script, then
 -- ends it in sgone.
+--
+-- Clock jumps. Every time a script stores (bucket refills, pauses,
+-- throttles, deadlines) is read against later calls' now, so a step of
+-- Redis TIME would move them all at once: back by minutes, a bucket stops
+-- refilling and every deadline and pause lies minutes ahead; forward,
+-- every session's deadline passes together and reclaim would give live
+-- holders' slots to others while they still hold them. So a call's now is
+-- a group clock, Redis TIME plus an offset (cfg co), checked against the
+-- latest time the group read (cfg lt, kept within STEP):
+--   - earlier than lt: TIME went back. The offset grows by the difference,
+--     and the group's time goes on from lt as if nothing had happened. The
+--     config's TTL is renewed with the keys it vouches for (touch_cfg).
+--   - more than J past lt (half the longest lease TTL), with leases held:
+--     every live holder beats at least every third of a TTL, so nobody
+--     was heard from in two thirds of the time they beat in. Either every
+--     holder died or was cut off (their sessions may expire), or TIME
+--     jumped. It cannot be told from Redis, so the group's time advances
+--     by J only: a jump costs no live holder its session (its next beat
+--     comes less than two thirds of a TTL after its last), and a real
+--     silence delays reclaim by at most TTL - J. A server whose run_id
+--     changed (a restart or failover: real time passed, which its INFO
+--     says) is taken at its word. A smaller jump needs nothing: it passes
+--     no deadline a beat would not have renewed first.
+--   - at least KEYRISK past lt, with leases held: key TTLs follow Redis's
+--     wall clock, which jumped too, and some keys may have expired while
+--     others lived (a domain's counts and not its leases, say). The group
+--     starts a new epoch under quarantine, wiping lease records and
+--     queues, and counts from an earlier epoch read as zero (d ep against
+--     cfg ce): holders re-assert what they hold, so counts are rebuilt from
+--     them, whatever survived.
+-- Nothing jumps without leases held: a bucket may fill and a pause end
+-- early, as after a real wait, but no count can be wrong. Key TTLs are
+-- tracked in Redis TIME (rx), the clock that expires them.
 --
 -- Cost matters: on a loaded machine every command inside a script costs a
 -- microsecond or more, and every string formatted or table built a fraction
@@ -101,7 +141,8 @@ local R_SESSION_GONE = '-4' -- acquire, heartbeat: the session named is dead
 
 -- Per-call state, set by begin.
 local CFG, P, PUB, IDLE -- config key, key prefix, publish command, idle TTL (ms)
-local NOW, LIM, CANDS   -- cached TIME and limits, handoff candidates
+local NOW, LIM, CANDS   -- the call's group time, limits, handoff candidates
+local RAW               -- the call's Redis TIME (or the clock given), us
 local DC                -- domains loaded by this call, by encoding
 local STRUCT            -- the struct library, nil where there is none
 
@@ -163,8 +204,8 @@ local function begin(keys, argv)
   -- A given clock stands in for TIME; see ARGV[3] above.
   local t = argv[3]
   if t == nil then bad('clock argument is missing') end
-  NOW = nil
-  if t ~= '' then NOW = int(t, 'clock', 0, 9007199254740991) end
+  NOW, RAW = nil, nil
+  if t ~= '' then RAW = int(t, 'clock', 0, 9007199254740991) end
 end
 
 -- Integers and floats are formatted explicitly: redis.call would turn a Lua
@@ -174,14 +215,16 @@ local function F(x) return string.format('%.17g', x) end
 
 -- Redis TIME, read once per script (on 7.0 it advances during a script),
 -- so every step of one script sees the same instant; or the clock given in
--- ARGV[3], which begin has already set.
-local function clock()
-  if not NOW then
+-- ARGV[3], which begin has already set. The call's now is the group clock
+-- built on it (clock, below).
+local function raw_clock()
+  if not RAW then
     local t = redis.call('TIME')
-    NOW = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    RAW = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
-  return NOW
+  return RAW
 end
+local clock -- defined with the group clock, after what it needs
 
 -- Mirrors of budget/throttle.go. Change both together.
 local BETA = 0.7
@@ -213,7 +256,8 @@ local function concat(a, b)
   return out
 end
 local LIMITF = concat({'rps', 'burst', 'bodies'}, CAPF)
-local LIMITF_ALL = concat(LIMITF, {'qu', 'rx', 'rc'})
+local CALLF = {'qu', 'rx', 'rc', 'lt', 'co', 'tl', 'ce'}
+local LIMITF_ALL = concat(LIMITF, CALLF)
 
 local function parse_limits(v)
   local caps = {}
@@ -223,9 +267,14 @@ end
 
 -- A call's view of the limits: the ceilings (shared, read-only) behind the
 -- fields of this call, which it updates as it goes.
+local function per_call(lim, v, k)
+  for i = 1, #CALLF do lim[CALLF[i]] = tonumber(v[k + i]) or 0 end
+  return lim
+end
+
 local function limits()
   if IN_LIBRARY then
-    local v = redis.call('HMGET', CFG, 'json', 'qu', 'rx', 'rc')
+    local v = redis.call('HMGET', CFG, 'json', 'rid', unpack(CALLF))
     if not v[1] then
       return nil
     end
@@ -244,18 +293,13 @@ local function limits()
       c.mt = {__index = c}
       LCACHE[CFG] = c
     end
-    return setmetatable({qu = tonumber(v[2]) or 0, rx = tonumber(v[3]) or 0,
-      rc = tonumber(v[4]) or 0}, c.mt)
+    return per_call(setmetatable({rid = v[2]}, c.mt), v, 2)
   end
   local v = redis.call('HMGET', CFG, unpack(LIMITF_ALL))
   if not v[1] then
     return nil
   end
-  local lim = parse_limits(v)
-  local k = #LIMITF
-  lim.qu, lim.rx, lim.rc = tonumber(v[k + 1]) or 0, tonumber(v[k + 2]) or 0,
-    tonumber(v[k + 3]) or 0
-  return lim
+  return per_call(parse_limits(v), v, #LIMITF)
 end
 
 -- lims returns the budget's limits, read once per script; this script's
@@ -292,8 +336,9 @@ end
 --   rx  when the key's TTL runs out (us), as last set by a script
 --   wm, da   the throttle's factor before its last decrease, and when
 --   bs, ss, sa, fs   the start rate: base, decayed sum, last start, first
+--   ep  the epoch its counts are of (cfg ce; Clock jumps)
 local DVERSION = 2
-local DFIX = {'qf', 'b', 'bk', 'tk', 'ta', 'th', 'pu', 'rx', 'wm', 'da', 'bs', 'ss', 'sa', 'fs'}
+local DFIX = {'qf', 'b', 'bk', 'tk', 'ta', 'th', 'pu', 'rx', 'wm', 'da', 'bs', 'ss', 'sa', 'fs', 'ep'}
 -- Formats: the words before the counts, and the counts, which start at
 -- byte DCOUNTS; DLEN bytes in all. BFQ, BFB and BFC[c] are the BITFIELD
 -- offsets of qf, b and class c's count. (String concatenation only: a
@@ -313,12 +358,12 @@ local function dzero(d)
   for c = 1, NCLASS do f[c] = 0 end
   d.f = f
   d.b, d.bk, d.tk, d.ta, d.th, d.pu, d.rx = 0, 0, 0, 0, 0, 0, 0
-  d.wm, d.da, d.bs, d.ss, d.sa, d.fs, d.qf = 0, 0, 0, 0, 0, 0, 0
+  d.wm, d.da, d.bs, d.ss, d.sa, d.fs, d.qf, d.ep = 0, 0, 0, 0, 0, 0, 0, 0
 end
 
 local function spack(d)
   return struct.pack(DFMT, DVERSION, d.qf, d.b, d.bk, d.tk, d.ta, d.th, d.pu, d.rx,
-    d.wm, d.da, d.bs, d.ss, d.sa, d.fs, unpack(d.f))
+    d.wm, d.da, d.bs, d.ss, d.sa, d.fs, d.ep, unpack(d.f))
 end
 
 -- Returns a domain table for value s (nil for a value this build cannot
@@ -326,12 +371,12 @@ end
 -- field rehashes several times on the way.
 local function sunpack(enc, key, q, s)
   if #s ~= DLEN then return nil end
-  local v, qf, b, bk, tk, ta, th, pu, rx, wm, da, bs, ss, sa, fs = struct.unpack(DHFMT, s)
+  local v, qf, b, bk, tk, ta, th, pu, rx, wm, da, bs, ss, sa, fs, ep = struct.unpack(DHFMT, s)
   if v ~= DVERSION then return nil end
   local f = {struct.unpack(DCFMT, s, DCOUNTS)}
   f[NCLASS + 1] = nil -- the position after the counts
   return {enc = enc, key = key, q = q, s = s, new = false, f = f, b = b, bk = bk, tk = tk, ta = ta,
-    th = th, pu = pu, rx = rx, wm = wm, da = da, bs = bs, ss = ss, sa = sa, fs = fs, qf = qf}
+    th = th, pu = pu, rx = rx, wm = wm, da = da, bs = bs, ss = ss, sa = sa, fs = fs, qf = qf, ep = ep}
 end
 
 -- The same fields as decimal text, for servers without the struct library
@@ -415,6 +460,25 @@ local function dload(enc)
       dzero(d)
       d.qf = redis.call('EXISTS', q)
     end
+  end
+  local lim = lims()
+  local stale = lim and d.ep ~= lim.ce
+  if stale then
+    -- Counts of an epoch before the last rebuild (Clock jumps): its
+    -- leases are gone, and re-assertion counts the live ones again.
+    for c = 1, NCLASS do d.f[c] = 0 end
+    d.b, d.ep = 0, lim.ce
+  end
+  -- On the group clock no stored time lies ahead of now but a bucket held
+  -- back by a pause. A domain that outlived its config may keep the times
+  -- of the lost config's clock (Clock jumps): they are brought back to
+  -- now, or its bucket would not refill until this clock caught up.
+  local now = NOW
+  if stale and now then
+    if d.ta > now and d.ta > d.pu then d.ta = now end
+    if d.da > now then d.da = now end
+    if d.sa > now then d.sa = now end
+    if d.fs > now then d.fs = now end
   end
   DC[enc] = d
   return d
@@ -505,13 +569,14 @@ local function dsave(d, now, lim)
   if d.pu > now then
     hard = math.max(hard, math.ceil((d.pu - now) / 1000) + IDLE)
   end
-  local renew = d.rx < now + hard * 1000 or d.rx < now + IDLE * 500
+  local raw = raw_clock() -- the clock key TTLs run on
+  local renew = d.rx < raw + hard * 1000 or d.rx < raw + IDLE * 500
   local ttl = math.max(IDLE, hard)
-  if renew then d.rx = now + ttl * 1000 end
+  if renew then d.rx = raw + ttl * 1000 end
   local s = DPACK(d)
   if renew then
     redis.call('SET', d.key, s, 'PX', I(ttl))
-    redis.call('ZADD', P .. 'doms', I(now), d.enc)
+    redis.call('ZADD', P .. 'doms', I(raw), d.enc)
     redis.call('PEXPIRE', P .. 'doms', IDLE)
   elseif s ~= d.s then
     redis.call('SET', d.key, s, 'KEEPTTL')
@@ -519,13 +584,18 @@ local function dsave(d, now, lim)
   d.s, d.new = s, false
 end
 
--- Renews the config hash's TTL when half of it is spent.
-local function touch_cfg(now)
+-- Renews the config hash's TTL when half of it is spent, and with it those
+-- of the lease records, sessions and domain list: while the config lives,
+-- they do, so a config that outlived a clock jump vouches for them (Clock
+-- jumps). Key TTLs run on Redis TIME, not the group clock.
+local function touch_cfg()
   local lim = lims()
-  if lim and lim.rx < now + IDLE * 500 then
-    lim.rx = now + IDLE * 1000
+  local raw = raw_clock()
+  if lim and lim.rx < raw + IDLE * 500 then
+    lim.rx = raw + IDLE * 1000
     redis.call('HSET', CFG, 'rx', I(lim.rx))
     redis.call('PEXPIRE', CFG, IDLE)
+    for _, k in ipairs({'lx', 'sexp', 'doms'}) do redis.call('PEXPIRE', P .. k, IDLE) end
   end
 end
 
@@ -830,6 +900,84 @@ local function decide(req, doms, lim, now)
   return 'granted', left
 end
 
+-- The run_id of the Redis running this script, or nil where INFO is not
+-- available in Lua (miniredis). INFO costs about 10us; a run_id never
+-- changes while a server runs, so a library reads it once (MYRID). Unlike
+-- the config's rid, which replicas copy, a library's variables belong to
+-- the server that runs it: a promoted replica's MYRID is its own run_id.
+local MYRID
+local function server_rid()
+  if MYRID then return MYRID end
+  local ok, info = pcall(redis.call, 'INFO', 'server')
+  if not ok or type(info) ~= 'string' then return nil end
+  local rid = string.match(info, 'run_id:(%x+)')
+  if IN_LIBRARY then MYRID = rid end
+  return rid
+end
+
+-- Reports whether the budget's data was written by another Redis than the
+-- one running this script: a restart from disk (AOF or RDB) or a replica
+-- promoted after its master died. Writes of the last moments before may be
+-- missing (the replica never got them), so the counts cannot be trusted as
+-- they are. Without a library every check pays for INFO, so only the
+-- register, heartbeat and throttle scripts ask; miniredis (no INFO in Lua)
+-- never reports a restart.
+local function restarted()
+  local rid = server_rid()
+  if not rid then return false end
+  local known = redis.call('HGET', CFG, 'rid')
+  if known == rid then return false end
+  redis.call('HSET', CFG, 'rid', rid)
+  return known ~= false
+end
+
+-- Starts a new epoch under quarantine: every live holder re-asserts its
+-- leases (it sees the epoch change on its next heartbeat) before any new
+-- grant trusts the counts. rebuild says the counts cannot be trusted even
+-- then (keys may have expired apart, Clock jumps): lease records, queues
+-- and waiters are dropped, and domains' counts read as zero until
+-- re-assertion counts them again (waiters join the queues again on their
+-- next call). Work in the number of domains and waiters, on a rare call.
+local function new_epoch(now, quarantine_us, rebuild)
+  local e = math.max(now, (tonumber(redis.call('HGET', CFG, 'epoch')) or 0) + 1)
+  local f = {'epoch', I(e), 'qu', I(now + quarantine_us)}
+  if rebuild then
+    f[#f + 1], f[#f + 2] = 'ce', I(e)
+    redis.call('DEL', P .. 'lx')
+    for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
+      redis.call('DEL', P .. 'q:' .. enc)
+    end
+    for _, wid in ipairs(redis.call('ZRANGE', P .. 'wexp', 0, -1)) do
+      redis.call('DEL', P .. 'w:' .. wid)
+    end
+    redis.call('DEL', P .. 'wexp')
+    DC = {}
+  end
+  redis.call('HSET', CFG, unpack(f))
+  if LIM then
+    LIM.qu = now + quarantine_us
+    if rebuild then LIM.ce = e end
+  end
+  return I(e)
+end
+
+-- vouch runs before a grant (acquire, and a handoff to a queued waiter):
+-- in a library, where the config's rid comes with the limits and the
+-- server's own is cached, it costs a comparison, so every grant checks
+-- that this server wrote the counts it trusts. The first call of a group
+-- on a promoted replica or a restarted server then starts the new epoch
+-- itself, before it grants, instead of leaving that to the next heartbeat
+-- (by then the stale counts may have admitted above the ceiling). The
+-- quarantine is one TTL of the waiter at hand. Through EVALSHA the check
+-- would cost INFO on every call, so there it stays with the heartbeat.
+local function vouch(lim, now, quarantine_us)
+  if not IN_LIBRARY then return end
+  local rid = server_rid()
+  if not rid or lim.rid == rid then return end
+  lim.rid = rid
+  if restarted() then new_epoch(now, quarantine_us) end
+end
+
 -- try_grant admits queued waiter wid on its stored request if it heads all
 -- its queues and fits now, and tells it so. Returns 'granted', 'wait' (held
 -- back by the rate or a pause), 'blocked' (a ceiling), 'no' (not a head of
@@ -840,6 +988,7 @@ local function try_grant(wid, now)
   local v = redis.call('HMGET', P .. 'w:' .. wid, 'ds', 'c', 'b', 'cs', 'ch', 'ttl', 'sn')
   if not v[1] then return 'no' end
   if not lim or not v[6] or not v[7] then return 'unknown' end
+  vouch(lim, now, tonumber(v[6]))
   -- No grant while the budget is quarantined after a state loss (waiters
   -- can survive a restart from AOF); the waiter learns how long from its
   -- own call, which the quarantine delays.
@@ -938,27 +1087,65 @@ local function reclaim(now)
   end
 end
 
--- Reports whether Redis restarted since this budget was last checked while
--- its data came back from disk (AOF or RDB): writes of the last moments
--- before the crash may be missing, so counts cannot be trusted as they are.
--- INFO costs about 10us, so only the register, heartbeat and throttle
--- scripts ask; miniredis (no INFO in Lua) never reports a restart.
-local function restarted()
-  local ok, info = pcall(redis.call, 'INFO', 'server')
-  if not ok or type(info) ~= 'string' then return false end
-  local rid = string.match(info, 'run_id:(%x+)')
+-- Reports, without noting it, whether Redis's run_id differs from the one
+-- that wrote the config (restarted() notes it, and starts the epoch).
+local function run_id_changed()
+  local rid = server_rid()
   if not rid then return false end
   local known = redis.call('HGET', CFG, 'rid')
-  if known == rid then return false end
-  redis.call('HSET', CFG, 'rid', rid)
-  return known ~= false
+  return known ~= false and known ~= rid
 end
 
--- Starts a new epoch under quarantine: every live holder re-asserts its
--- leases (it sees the epoch change on its next heartbeat) before any new
--- grant trusts the counts.
-local function new_epoch(now, quarantine_us)
-  redis.call('HSET', CFG, 'epoch', I(now), 'qu', I(now + quarantine_us))
-  if LIM then LIM.qu = now + quarantine_us end
-  return I(now)
+-- The group clock (Clock jumps, above). STEP bounds how far lt may lag the
+-- latest time read (a write a second, not one a call); a step back of less
+-- than that goes unnoticed, and costs at most that. KEYRISK is the least
+-- TTL a key in use has left (an eighth of the idle TTL: domain hashes are
+-- renewed when half spent, and checked by heartbeats every quarter), so a
+-- smaller jump expires none.
+local STEP = 1000000 -- us
+local function group_clock(raw)
+  local lim = lims()
+  if not lim then return raw end
+  local now, lt, co = raw + lim.co, lim.lt, lim.co
+  local tl = lim.tl > 0 and lim.tl or IDLE * 50 -- what the idle TTL says
+  local j = math.floor(tl / 2)
+  local rebuild = false
+  local back = false
+  if lt > 0 and now < lt then
+    co = co + (lt - now)
+    now = lt
+    back = true
+  elseif lt > 0 and now - lt > j and redis.call('EXISTS', P .. 'lx') == 1 then
+    local gap = now - lt
+    rebuild = gap >= IDLE * 125
+    if not run_id_changed() then
+      co = co - (gap - j)
+      now = lt + j
+    end
+  end
+  local f = {}
+  if co ~= lim.co then
+    lim.co = co
+    f[#f + 1], f[#f + 2] = 'co', I(co)
+  end
+  if now > lt + math.min(STEP, math.floor(j / 4)) then
+    lim.lt = now
+    f[#f + 1], f[#f + 2] = 'lt', I(now)
+  end
+  if #f > 0 then redis.call('HSET', CFG, unpack(f)) end
+  if back then
+    -- Keys renewed from now on expire earlier, by Redis's clock, than
+    -- the config renewed before: renew it, and the keys it vouches for,
+    -- with them, so that the config still never outlives the records.
+    lim.rx = 0
+    touch_cfg()
+  end
+  if rebuild then new_epoch(now, tl, true) end
+  return now
+end
+
+-- The call's now: the group clock, read once per call.
+function clock()
+  if not NOW then NOW = group_clock(raw_clock()) end
+  return NOW
 end

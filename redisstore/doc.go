@@ -149,14 +149,39 @@
 // shebang support (before 7, miniredis) get the same scripts without it.
 //
 // If Redis loses the budget (restarted empty, or from a persistence file
-// that may miss the last writes, detected by its run_id), the first host to
+// or a promoted replica that may miss the last writes), the first host to
 // notice starts a new epoch under a quarantine of one lease TTL: no grant
 // trusts the counts until every live holder has put its leases back, which
-// each does at its next heartbeat. A host that joins only after the loss
-// cannot tell it from a new budget; it may be admitted until the holders'
-// next heartbeat, which then quarantines the budget. Hosts of one budget
-// should use the same lease TTL, since the quarantine lasts one TTL of the
-// host that noticed.
+// each does at its next heartbeat. A stale copy is told apart by the run_id
+// of the Redis that wrote the group, kept in its config: on Redis 7 (the
+// function library) every grant compares it with the server's own, so the
+// first call that would grant on a restarted server or a promoted replica
+// quarantines the group before it grants. Through EVALSHA (older servers)
+// that check would cost an INFO per call, so only register, heartbeat and
+// throttle make it, and grants before the holders' next heartbeat trust
+// the stale counts. A budget lost outright (restarted empty) looks new to
+// a host that joins only after the loss; it may be admitted until the
+// holders' next heartbeat, which then quarantines the budget. Hosts of one
+// budget should use the same lease TTL, since the quarantine lasts one TTL
+// of the host that noticed.
+//
+// Redis TIME can jump (a clock stepped by hand or by NTP, a VM restored).
+// The scripts keep each group on a clock of its own, TIME plus an offset
+// stored in its config, that never runs back: when TIME goes back, the
+// group goes on from the latest time it read, so buckets keep refilling
+// and deadlines and pauses end when they would have. When TIME moves more
+// than half a lease TTL (the longest registered) past that time while
+// leases are held, either every holder went silent or TIME jumped, which
+// Redis cannot tell apart; the group's clock then moves half a TTL only,
+// so no live holder's session expires (it beats again within a third) and
+// a dead one's slots come back at most a TTL later. A restarted server or
+// a promoted replica (another run_id) is trusted: real time passed there.
+// A jump of an eighth of the idle TTL or more may also have expired keys
+// one by one (key TTLs follow Redis's wall clock), so it starts a new epoch
+// under quarantine in which counts are rebuilt from the holders'
+// re-assertions alone; waiters join the line again. Without leases held a
+// jump forward is taken as time passed (a bucket fills, a pause ends
+// early). FAULTS.md, scenario 22, moves a real server's clock.
 //
 // Nothing is admitted without Redis. A call that fails on the network, on
 // BUSY, OOM, LOADING or a failover returns an error wrapping
@@ -184,6 +209,14 @@
 //     default trips during a failover, delaying the first call after the
 //     switch by up to a second (Sentinel, scenario 19: first grant
 //     2.3-3.1 s with the default, 2.2-2.3 s with ten per lane).
+//   - maxclients on every Redis server at least (PoolSize + 1) x the
+//     hosts that reach it: each store holds a pub/sub connection, which
+//     go-redis redials at once, while command connections are dialled on
+//     demand. Below one free connection per host, the hosts' pub/sub
+//     connections take the room and no call gets through until
+//     connections free up (scenario 23). A store whose connections Redis
+//     refuses for maxclients says so in its errors, which go-redis alone
+//     reports as a broken pipe or a timeout.
 //   - A short lease TTL (WithLeaseTTL) when fast recovery matters: a
 //     promoted replica is a new server, so the budget is quarantined for
 //     one TTL after a failover (see Failure above).

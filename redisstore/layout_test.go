@@ -16,7 +16,7 @@ import (
 )
 
 // TestOldDomainHashConverted: a domain written by a build before the packed
-// layout is a hash (f<class index>, b, bk, tk, ta, rx, ...). This build
+// layout is a hash (f<class index>, b, bk, tk, ta, ep, rx, ...). This build
 // converts it where it finds it, counts and TTL kept: a lease counted in
 // the hash still blocks, its release returns the slot, and what is left
 // is a packed value with a TTL.
@@ -48,7 +48,7 @@ func TestOldDomainHashConverted(t *testing.T) {
 			f := "f" + strconv.Itoa(budget.OpGet.Index())
 			c.Del(ctx, key)
 			c.HSet(ctx, key, f, "1", "bk", "1", "tk", strconv.FormatFloat(d.Tokens, 'g', 17, 64),
-				"ta", strconv.FormatInt(d.TokensAt, 10), "rx", strconv.FormatInt(d.TTLEnd, 10))
+				"ta", strconv.FormatInt(d.TokensAt, 10), "rx", strconv.FormatInt(d.TTLEnd, 10), "ep", strconv.FormatInt(d.Epoch, 10))
 			c.PExpire(ctx, key, time.Minute)
 
 			if du := domainOf(usage(t, b), a); du.InFlight[budget.OpGet] != 1 {

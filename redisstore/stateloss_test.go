@@ -150,3 +150,107 @@ func TestNoHandoffDuringQuarantine(t *testing.T) {
 		t.Errorf("waiter granted %v after the release, %v before the quarantine ended", at.Sub(released), end.Sub(at))
 	}
 }
+
+// TestStaleCopyQuarantinesFirstGrant: Redis comes back from a snapshot
+// taken before a grant (as a replica promoted before it received the
+// grant would), so its counts miss a lease its holder still holds. The
+// first call that would grant on those counts, here another host's
+// acquire sent before the holder's next heartbeat, must notice that
+// another server wrote them and quarantine the budget, not admit above
+// the ceiling. Function library only: through EVALSHA the check is left to
+// the heartbeat (see vouch in lib.lua).
+func TestStaleCopyQuarantinesFirstGrant(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	const ttl = 3 * time.Second // the holder's heartbeats come a second apart
+	holder := open(t, c, "stale", slots(1), ttl)
+	other := open(t, srv.Client(t), "stale", slots(1), ttl)
+	a := dom("a")
+	if err := c.Save(ctx).Err(); err != nil { // registered, nothing held
+		t.Fatal(err)
+	}
+	held := mustAcquire(t, holder, get(a))
+	srv.Kill()
+	srv.Restart(t) // from the snapshot: the lease is gone from Redis
+	cfg := "rb:{" + hex.EncodeToString([]byte("stale")) + "}:cfg"
+	got := make(chan time.Time, 1)
+	go func() {
+		l, err := other.Acquire(ctx, get(a))
+		if err != nil {
+			t.Error(err)
+			got <- time.Time{}
+			return
+		}
+		got <- time.Now()
+		l.Release()
+	}()
+	// Within the quarantine (one TTL) the holder re-asserts its lease, so
+	// the other host must wait for the release, however long that is.
+	select {
+	case at := <-got:
+		qu, _ := srv.Client(t).HGet(ctx, cfg, "qu").Int64()
+		t.Fatalf("admitted at %v on counts that miss the held lease (quarantine until %v)", at, time.UnixMicro(qu))
+	case <-held.Lost():
+		t.Fatal("the holder's lease was declared lost instead of re-asserted")
+	case <-time.After(ttl + ttl/2):
+	}
+	if du := domainOf(usage(t, holder), a); du.InFlight[budget.OpGet] != 1 {
+		t.Errorf("after the loss: %+v, want the held lease counted", du)
+	}
+	released := time.Now()
+	held.Release()
+	select {
+	case at := <-got:
+		if at.IsZero() {
+			t.FailNow()
+		}
+		t.Logf("admitted %v after the release", at.Sub(released))
+	case <-time.After(10 * time.Second):
+		t.Fatal("not admitted after the release")
+	}
+	expectIdle(t, holder)
+}
+
+// TestReassertRetiresWhatTheHostReleased: Redis comes back from a snapshot
+// taken before a host released one lease and finished another's request
+// (as a replica promoted before it got those retires would). The host still
+// holds the other lease's body and keeps its session alive, so nothing
+// would expire the stale counts: its re-assertion states what it holds,
+// and what Redis counts beyond that is retired.
+func TestReassertRetiresWhatTheHostReleased(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	const ttl = 900 * time.Millisecond
+	holder := open(t, c, "released", slots(2), ttl)
+	other := open(t, srv.Client(t), "released", slots(2), ttl)
+	a := dom("a")
+	withBody := get(a)
+	withBody.OpensBody = true
+	kept := mustAcquire(t, holder, withBody)
+	gone := mustAcquire(t, holder, get(a))
+	if err := c.Save(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	gone.Release()
+	kept.CompleteRequest() // the body stays open
+	srv.Kill()
+	srv.Restart(t) // counts 2 in flight again, both the holder's
+	l, err := other.Acquire(within(t, 10*ttl), get(a))
+	if err != nil {
+		t.Fatalf("the slots the holder gave back never came back: %v", err)
+	}
+	du := domainOf(usage(t, holder), a)
+	if du.InFlight[budget.OpGet] != 1 || du.OpenBodies != 1 {
+		t.Errorf("after the re-assertion: %+v, want 1 in flight (the other host's) and the holder's body", du)
+	}
+	select {
+	case <-kept.Lost():
+		t.Error("the kept lease was declared lost")
+	default:
+	}
+	l.Release()
+	kept.Release()
+	expectIdle(t, holder)
+}

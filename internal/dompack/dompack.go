@@ -33,12 +33,13 @@ type Domain struct {
 	StartSum     float64
 	LastStart    int64
 	FirstStart   int64
+	Epoch        int64 // the epoch its counts are of
 	InFlight     []int // by class index
 }
 
 // fixed is the number of fields between the version and the counts
 // (lib.lua's DFIX); the first two are integers, the rest doubles.
-const fixed = 14
+const fixed = 15
 
 // ErrLayout is returned for a value in no layout this package knows.
 var ErrLayout = errors.New("dompack: not a packed domain value")
@@ -81,7 +82,7 @@ func Decode(v string, nclass int) (Domain, error) {
 		QueueMayHold: f[0] == 1, Bodies: int(f[1]), BucketInUse: f[2] == 1, Tokens: f[3], TokensAt: int64(f[4]),
 		Throttled: f[5] == 1, PauseEnd: int64(f[6]), TTLEnd: int64(f[7]),
 		FactorBefore: f[8], DecreasedAt: int64(f[9]), StartBase: f[10], StartSum: f[11],
-		LastStart: int64(f[12]), FirstStart: int64(f[13]),
+		LastStart: int64(f[12]), FirstStart: int64(f[13]), Epoch: int64(f[14]),
 	}
 	for _, x := range f[fixed:] {
 		d.InFlight = append(d.InFlight, int(x))
