@@ -127,9 +127,17 @@
 // to sleep. One held back by a ceiling stays asleep until a release tries
 // it again. Under 64-way contention on 8 slots that is one wake message and
 // two script calls (its first, queued call and its release) per admitted
-// request, the same as with 16 lanes. A message lost on the way (a
-// reconnect) costs at most TTL/3: the waiter's next liveness call finds its
-// lease, or its place in line.
+// request, the same as with 16 lanes. A message lost on the way costs at
+// most TTL/3: the waiter's next liveness call finds its lease, or its place
+// in line. Usually far less: once a hub has its channels subscribed again
+// (after a reconnect, or on the new master after the group's slot moved,
+// which Redis announces with a sunsubscribe push), it wakes that group's
+// waiters, so each calls at once. On a Cluster every call also names a key
+// no script writes (slotGuard), so while a group's slot migrates Redis
+// refuses the call whole (TRYAGAIN, ASK), and it is retried, instead of
+// running it half on either master. The new master did not write the
+// group's config, so the first grant on it quarantines the group for one
+// lease TTL, as after a failover.
 //
 // Pub/sub was chosen over a blocking list per waiter (BLPOP) on measurement:
 // a bare handoff on loopback costs about the same (92-108 us for pub/sub,

@@ -182,8 +182,9 @@ func TestStaleCopyQuarantinesFirstGrant(t *testing.T) {
 			got <- time.Time{}
 			return
 		}
-		got <- time.Now()
-		l.Release()
+		at := time.Now()
+		l.Release() // before the send: the test checks usage after it
+		got <- at
 	}()
 	// Within the quarantine (one TTL) the holder re-asserts its lease, so
 	// the other host must wait for the release, however long that is.
