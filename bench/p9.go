@@ -226,30 +226,12 @@ func (w *p9Worker) tail() string {
 }
 
 func (w *p9Worker) recv(ctx context.Context, timeout time.Duration) (p9Reply, error) {
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case line, ok := <-w.p.Lines():
-		if !ok {
-			select {
-			case <-w.p.Done():
-			case <-t.C:
-			}
-			return p9Reply{}, fmt.Errorf("%s exited: %s%s", w.name, w.p.State(), w.tail())
-		}
-		var r p9Reply
-		if err := json.Unmarshal(line, &r); err != nil {
-			return p9Reply{}, fmt.Errorf("%s: unreadable reply: %s", w.name, line)
-		}
-		if r.Err != "" {
-			return r, fmt.Errorf("%s: %s%s", w.name, r.Err, w.tail())
-		}
-		return r, nil
-	case <-t.C:
-		return p9Reply{}, fmt.Errorf("%s: no reply within %v%s", w.name, timeout, w.tail())
-	case <-ctx.Done():
-		return p9Reply{}, ctx.Err()
+	// The tail is read only when the reply carries an error.
+	r, err := readReply(ctx, w.p, w.name, w.tail, timeout, func(r p9Reply) string { return r.Err })
+	if err != nil && r.Err != "" {
+		err = fmt.Errorf("%w%s", err, w.tail())
 	}
+	return r, err
 }
 
 type p9Crew []*p9Worker

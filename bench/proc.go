@@ -115,30 +115,40 @@ func (w *worker) send(m msg) error {
 
 // recv waits for the worker's next reply.
 func (w *worker) recv(ctx context.Context) (msg, error) {
-	t := time.NewTimer(replyTimeout)
+	return readReply(ctx, w.p, w.name, w.tail, replyTimeout, func(m msg) string { return m.Err })
+}
+
+// readReply waits up to timeout for the next line of worker p (called
+// name) and decodes it, as JSON, into a T; errOf is the error a reply
+// carries. tail gives the worker's stderr, added to errors of its exit and
+// of a missing reply.
+func readReply[T any](ctx context.Context, p *childproc.Proc, name string, tail func() string,
+	timeout time.Duration, errOf func(T) string) (T, error) {
+	var zero T
+	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
-	case line, ok := <-w.p.Lines():
+	case line, ok := <-p.Lines():
 		if !ok {
 			// Its stdout ended: it exited, or is about to.
 			select {
-			case <-w.p.Done():
+			case <-p.Done():
 			case <-t.C:
 			}
-			return msg{}, fmt.Errorf("%s exited: %s%s", w.name, w.p.State(), w.tail())
+			return zero, fmt.Errorf("%s exited: %s%s", name, p.State(), tail())
 		}
-		var m msg
-		if err := json.Unmarshal(line, &m); err != nil {
-			return msg{}, fmt.Errorf("%s: unreadable reply: %s", w.name, line)
+		var r T
+		if err := json.Unmarshal(line, &r); err != nil {
+			return zero, fmt.Errorf("%s: unreadable reply: %s", name, line)
 		}
-		if m.Err != "" {
-			return m, fmt.Errorf("%s: %s", w.name, m.Err)
+		if e := errOf(r); e != "" {
+			return r, fmt.Errorf("%s: %s", name, e)
 		}
-		return m, nil
+		return r, nil
 	case <-t.C:
-		return msg{}, fmt.Errorf("%s: no reply within %v%s", w.name, replyTimeout, w.tail())
+		return zero, fmt.Errorf("%s: no reply within %v%s", name, timeout, tail())
 	case <-ctx.Done():
-		return msg{}, ctx.Err()
+		return zero, ctx.Err()
 	}
 }
 
