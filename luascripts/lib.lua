@@ -4,7 +4,9 @@
 -- function library of this file and every such script, each a function
 -- that calls begin first. Nothing here may touch KEYS, ARGV or Redis
 -- outside a function: in a library this part runs once, at load time, and
--- the state of one call (CFG ... CANDS below) is set afresh by begin.
+-- the state of one call (CFG ... CANDS below) is set afresh by begin (the
+-- operations of one batch may share the limits, domains and time: see
+-- begin and batch.lua).
 --
 -- Conventions of every budget script:
 --   KEYS[1]  the budget's config hash, "rb:{<hex name>}:cfg". Every other key
@@ -144,7 +146,14 @@ local function id_arg(v, name)
   return v
 end
 
-local function begin(keys, argv)
+-- keep is set by a batch (batch.lua) for an operation that follows one
+-- that ended without an error, with the same common arguments: the limits
+-- and domains the previous one loaded, and its time, serve this one too.
+-- They are what Redis holds, or what this one would compute again at the
+-- same instant (a bucket refilled and not written), since every write of
+-- these scripts to the config and domain hashes goes through those tables
+-- or drops them from DC; reading them again is most of what a batch saves.
+local function begin(keys, argv, keep)
   CFG = keys[1]
   if type(CFG) ~= 'string' or string.sub(CFG, -4) ~= ':cfg' then bad('KEYS[1] must be a config key') end
   P = string.sub(CFG, 1, -4)
@@ -153,10 +162,12 @@ local function begin(keys, argv)
     bad('publish command must be PUBLISH or SPUBLISH')
   end
   IDLE = int(argv[2], 'idle ttl', 1000, 86400000 * 30)
-  LIM, CANDS, DC = nil, {}, {}
+  CANDS = {}
   -- A given clock stands in for TIME; see ARGV[3] above.
   local t = argv[3]
   if t == nil then bad('clock argument is missing') end
+  if keep then return end
+  LIM, DC = nil, {}
   NOW = nil
   if t ~= '' then NOW = int(t, 'clock', 0, 9007199254740991) end
 end
@@ -272,12 +283,14 @@ end
 local CORE = concat(CLASSF, {'b', 'bk', 'tk', 'ta', 'th', 'pu', 'rx'})
 local EXTRA = {'wm', 'da', 'bs', 'ss', 'sa', 'fs'}
 local FLOAT = {tk = true, wm = true, bs = true, ss = true}
+local CORE_AT = {} -- field -> its index in CORE
+for i = 1, #CORE do CORE_AT[CORE[i]] = i end
 
 -- Loads a domain as numbers (absent fields are 0). d.o and d.x keep what
 -- is stored, so dsave writes back only what changed. A call loads each
 -- domain once: a handoff tries several waiters, often on the same domains.
 -- Whatever changes a domain hash other than through its table (retire's
--- HINCRBY) drops it from DC.
+-- HINCRBY) updates the table too, or drops it from DC.
 local function dload(enc)
   local cached = DC[enc]
   if cached then return cached end
@@ -578,6 +591,10 @@ local function retire(lid, r, b, popped)
   if dr or db then
     for enc in string.gmatch(l.ds, '[^,]+') do
       local dk = P .. 'd:' .. enc
+      -- A domain this call has loaded takes the new counts, so that the
+      -- handoff after it (or the next operation of a batch) need not load
+      -- it again.
+      local d = DC[enc]
       DC[enc] = nil
       -- A domain hash outlives its leases (heartbeats refresh it), so a
       -- count below zero means the hash went with its counts (a state
@@ -586,14 +603,19 @@ local function retire(lid, r, b, popped)
       if dr then fields[#fields + 1] = 'f' .. l.c end
       if db then fields[#fields + 1] = 'b' end
       for _, f in ipairs(fields) do
-        if redis.call('HINCRBY', dk, f, -1) < 0 then
+        local n = redis.call('HINCRBY', dk, f, -1)
+        if n < 0 then
+          d = nil
           if redis.call('HLEN', dk) == 1 then
             redis.call('DEL', dk)
           else
             redis.call('HSET', dk, f, '0')
           end
+        elseif d then
+          d[f], d.o[CORE_AT[f]] = n, n
         end
       end
+      DC[enc] = d
       local h = head(P .. 'q:' .. enc)
       if h then candidate(h) end
     end

@@ -226,7 +226,7 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		args = append(args, e)
 	}
 	for range 4 {
-		res, err := s.run(ctx, g, "acquire", s.sc.acquire, args...)
+		res, err := s.call(ctx, g, "acquire", s.sc.acquire, args...)
 		if err != nil {
 			return budget.Attempt{}, err
 		}
@@ -297,7 +297,7 @@ func (s *Store) Cancel(ctx context.Context, id string) error {
 	if g == nil {
 		return nil
 	}
-	res, err := s.run(ctx, g, "cancel", s.sc.cancel, s.args(id)...)
+	res, err := s.call(ctx, g, "cancel", s.sc.cancel, s.args(id)...)
 	if err == nil {
 		err = decodeOK("cancel", res)
 	}
@@ -332,7 +332,7 @@ func (s *Store) Retire(ctx context.Context, id string, parts lease.Parts) error 
 		ctx, cancel = context.WithTimeout(ctx, lease.RetireTimeout)
 		defer cancel()
 	}
-	res, err := s.run(ctx, g, "retire", s.sc.retire, s.args(id, int(parts))...)
+	res, err := s.call(ctx, g, "retire", s.sc.retire, s.args(id, int(parts))...)
 	if err == nil {
 		err = decodeOK("retire", res)
 	}
