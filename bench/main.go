@@ -7,6 +7,7 @@
 //	go run ./bench                 # full run, a few minutes; own redis-server
 //	go run ./bench -short          # about 15 s: checks that the program works
 //	go run ./bench -redis URL      # use an existing Redis instead
+//	go run ./bench -only P9        # 1,000 simulated hosts, minutes; never by default
 //
 // Every figure is repeated over rounds (5 by default); the table shows the
 // median over rounds and their range, and each ratio is the median of
@@ -57,7 +58,7 @@ func main() {
 	flag.StringVar(&cfg.redisServer, "redis-server", "auto", "redis-server binary to start on loopback, or auto to find it on PATH")
 	flag.StringVar(&cfg.jsonPath, "json", filepath.Join("bench", "results.json"), "`file` for the machine-readable results")
 	flag.IntVar(&cfg.rounds, "rounds", 0, "repetitions of every figure (default 5, or 3 with -short)")
-	flag.StringVar(&cfg.only, "only", "", "comma-separated `sections` to run (floors,P1,P2,P3,P4,P5,P6,P7,P8,scripts,scale); default all")
+	flag.StringVar(&cfg.only, "only", "", "comma-separated `sections` to run (floors,P1,P2,P3,P4,P5,P6,P7,P8,scripts,scale; P9 only when named); default all but P9")
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of P7's uncontended in-process loop to `file`")
 	flag.Parse()
 	cfg.progress = os.Stderr
@@ -191,6 +192,14 @@ var sections = []section{
 	{"scale", scale},
 }
 
+// optInSections are long sections (minutes) that run only when -only names
+// them, never by default or in the short run. Their figures are merged
+// into the results file instead of replacing it (see mergeResults), so a
+// run of one of them keeps the full run's figures.
+var optInSections = []section{
+	{"P9", p9},
+}
+
 // run does the whole measurement, prints the table to out and writes the
 // JSON file. Every process it starts is gone when it returns.
 func run(ctx context.Context, cfg config, out io.Writer) (*Report, error) {
@@ -254,9 +263,14 @@ func run(ctx context.Context, cfg config, out io.Writer) (*Report, error) {
 			want[strings.ToLower(s)] = true
 		}
 	}
-	for _, s := range sections {
-		if len(want) > 0 && !want[strings.ToLower(s.name)] && !(s.name == "P3" && want["p4"]) {
+	var merge []string // opt-in sections run: their figures replace their own in the results file
+	for i, s := range slices.Concat(sections, optInSections) {
+		optIn := i >= len(sections)
+		if (len(want) > 0 || optIn) && !want[strings.ToLower(s.name)] && !(s.name == "P3" && want["p4"]) {
 			continue
+		}
+		if optIn {
+			merge = append(merge, s.name)
 		}
 		t0 := time.Now()
 		e.logf("%s ...", s.name)
@@ -279,6 +293,11 @@ func run(ctx context.Context, cfg config, out io.Writer) (*Report, error) {
 	rep.Took = time.Since(start).Round(time.Second).String()
 	printTable(out, rep)
 	if cfg.jsonPath != "" {
+		if len(merge) > 0 {
+			if err := mergeResults(cfg.jsonPath, rep, merge); err != nil {
+				return rep, err
+			}
+		}
 		if err := writeJSON(cfg.jsonPath, rep); err != nil {
 			return rep, err
 		}

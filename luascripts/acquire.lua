@@ -50,6 +50,7 @@ local req = {id = id, encs = encs, class = class, body = body, consumer = consum
 local now = clock()
 local lim = lims()
 if not lim then return {R_UNREGISTERED} end
+vouch(lim, now, ttl)
 touch_cfg(now)
 reclaim(now)
 -- After a state loss, counts are not trusted until every live holder has

@@ -28,7 +28,8 @@
 -- dropped...}, repeated on every beat until the host lists them in
 -- ARGV[8+m], so a lost reply loses none.
 --
--- Cost: TIME, the config's fields, INFO (restart detection) and three
+-- Cost: TIME, the config's fields, the restart check (INFO through
+-- EVALSHA; in a library only on a server's first call) and three
 -- commands for the session, plus, when the host asks, a PEXPIRE per key
 -- and a PTTL per domain; nothing per lease.
 

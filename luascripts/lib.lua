@@ -230,7 +230,7 @@ end
 -- fields of this call, which it updates as it goes.
 local function limits()
   if IN_LIBRARY then
-    local v = redis.call('HMGET', CFG, 'json', 'qu', 'rx', 'rc')
+    local v = redis.call('HMGET', CFG, 'json', 'qu', 'rx', 'rc', 'rid')
     if not v[1] then
       return nil
     end
@@ -250,7 +250,7 @@ local function limits()
       LCACHE[CFG] = c
     end
     return setmetatable({qu = tonumber(v[2]) or 0, rx = tonumber(v[3]) or 0,
-      rc = tonumber(v[4]) or 0}, c.mt)
+      rc = tonumber(v[4]) or 0, rid = v[5]}, c.mt)
   end
   local v = redis.call('HMGET', CFG, unpack(LIMITF_ALL))
   if not v[1] then
@@ -706,6 +706,63 @@ local function decide(req, doms, lim, now)
   return 'granted', left
 end
 
+-- The run_id of the Redis running this script, or nil where INFO is not
+-- available in Lua (miniredis). INFO costs about 10us; a run_id never
+-- changes while a server runs, so a library reads it once (MYRID). Unlike
+-- the config's rid, which replicas copy, a library's variables belong to
+-- the server that runs it: a promoted replica's MYRID is its own run_id.
+local MYRID
+local function server_rid()
+  if MYRID then return MYRID end
+  local ok, info = pcall(redis.call, 'INFO', 'server')
+  if not ok or type(info) ~= 'string' then return nil end
+  local rid = string.match(info, 'run_id:(%x+)')
+  if IN_LIBRARY then MYRID = rid end
+  return rid
+end
+
+-- Reports whether the budget's data was written by another Redis than the
+-- one running this script: a restart from disk (AOF or RDB) or a replica
+-- promoted after its master died. Writes of the last moments before may be
+-- missing (the replica never got them), so the counts cannot be trusted as
+-- they are. Without a library every check pays for INFO, so only the
+-- register, heartbeat and throttle scripts ask; miniredis (no INFO in Lua)
+-- never reports a restart.
+local function restarted()
+  local rid = server_rid()
+  if not rid then return false end
+  local known = redis.call('HGET', CFG, 'rid')
+  if known == rid then return false end
+  redis.call('HSET', CFG, 'rid', rid)
+  return known ~= false
+end
+
+-- Starts a new epoch under quarantine: every live holder re-asserts its
+-- leases (it sees the epoch change on its next heartbeat) before any new
+-- grant trusts the counts.
+local function new_epoch(now, quarantine_us)
+  redis.call('HSET', CFG, 'epoch', I(now), 'qu', I(now + quarantine_us))
+  if LIM then LIM.qu = now + quarantine_us end
+  return I(now)
+end
+
+-- vouch runs before a grant (acquire, and a handoff to a queued waiter):
+-- in a library, where the config's rid comes with the limits and the
+-- server's own is cached, it costs a comparison, so every grant checks
+-- that this server wrote the counts it trusts. The first call of a group
+-- on a promoted replica or a restarted server then starts the new epoch
+-- itself, before it grants, instead of leaving that to the next heartbeat
+-- (by then the stale counts may have admitted above the ceiling). The
+-- quarantine is one TTL of the waiter at hand. Through EVALSHA the check
+-- would cost INFO on every call, so there it stays with the heartbeat.
+local function vouch(lim, now, quarantine_us)
+  if not IN_LIBRARY then return end
+  local rid = server_rid()
+  if not rid or lim.rid == rid then return end
+  lim.rid = rid
+  if restarted() then new_epoch(now, quarantine_us) end
+end
+
 -- try_grant admits queued waiter wid on its stored request if it heads all
 -- its queues and fits now, and tells it so. Returns 'granted', 'wait' (held
 -- back by the rate or a pause), 'blocked' (a ceiling), 'no' (not a head of
@@ -716,6 +773,7 @@ local function try_grant(wid, now)
   local v = redis.call('HMGET', P .. 'w:' .. wid, 'ds', 'c', 'b', 'cs', 'ch', 'ttl', 'sn')
   if not v[1] then return 'no' end
   if not lim or not v[6] or not v[7] then return 'unknown' end
+  vouch(lim, now, tonumber(v[6]))
   -- No grant while the budget is quarantined after a state loss (waiters
   -- can survive a restart from AOF); the waiter learns how long from its
   -- own call, which the quarantine delays.
@@ -814,27 +872,3 @@ local function reclaim(now)
   end
 end
 
--- Reports whether Redis restarted since this budget was last checked while
--- its data came back from disk (AOF or RDB): writes of the last moments
--- before the crash may be missing, so counts cannot be trusted as they are.
--- INFO costs about 10us, so only the register, heartbeat and throttle
--- scripts ask; miniredis (no INFO in Lua) never reports a restart.
-local function restarted()
-  local ok, info = pcall(redis.call, 'INFO', 'server')
-  if not ok or type(info) ~= 'string' then return false end
-  local rid = string.match(info, 'run_id:(%x+)')
-  if not rid then return false end
-  local known = redis.call('HGET', CFG, 'rid')
-  if known == rid then return false end
-  redis.call('HSET', CFG, 'rid', rid)
-  return known ~= false
-end
-
--- Starts a new epoch under quarantine: every live holder re-asserts its
--- leases (it sees the epoch change on its next heartbeat) before any new
--- grant trusts the counts.
-local function new_epoch(now, quarantine_us)
-  redis.call('HSET', CFG, 'epoch', I(now), 'qu', I(now + quarantine_us))
-  if LIM then LIM.qu = now + quarantine_us end
-  return I(now)
-end

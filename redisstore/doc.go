@@ -172,14 +172,21 @@
 // shebang support (before 7, miniredis) get the same scripts without it.
 //
 // If Redis loses the budget (restarted empty, or from a persistence file
-// that may miss the last writes, detected by its run_id), the first host to
+// or a promoted replica that may miss the last writes), the first host to
 // notice starts a new epoch under a quarantine of one lease TTL: no grant
 // trusts the counts until every live holder has put its leases back, which
-// each does at its next heartbeat. A host that joins only after the loss
-// cannot tell it from a new budget; it may be admitted until the holders'
-// next heartbeat, which then quarantines the budget. Hosts of one budget
-// should use the same lease TTL, since the quarantine lasts one TTL of the
-// host that noticed.
+// each does at its next heartbeat. A stale copy is told apart by the run_id
+// of the Redis that wrote the group, kept in its config: on Redis 7 (the
+// function library) every grant compares it with the server's own, so the
+// first call that would grant on a restarted server or a promoted replica
+// quarantines the group before it grants. Through EVALSHA (older servers)
+// that check would cost an INFO per call, so only register, heartbeat and
+// throttle make it, and grants before the holders' next heartbeat trust
+// the stale counts. A budget lost outright (restarted empty) looks new to
+// a host that joins only after the loss; it may be admitted until the
+// holders' next heartbeat, which then quarantines the budget. Hosts of one
+// budget should use the same lease TTL, since the quarantine lasts one TTL
+// of the host that noticed.
 //
 // Nothing is admitted without Redis. A call that fails on the network, on
 // BUSY, OOM, LOADING or a failover returns an error wrapping

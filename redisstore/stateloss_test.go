@@ -150,3 +150,64 @@ func TestNoHandoffDuringQuarantine(t *testing.T) {
 		t.Errorf("waiter granted %v after the release, %v before the quarantine ended", at.Sub(released), end.Sub(at))
 	}
 }
+
+// TestStaleCopyQuarantinesFirstGrant: Redis comes back from a snapshot
+// taken before a grant (as a replica promoted before it received the
+// grant would), so its counts miss a lease its holder still holds. The
+// first call that would grant on those counts, here another host's
+// acquire sent before the holder's next heartbeat, must notice that
+// another server wrote them and quarantine the budget, not admit above
+// the ceiling. Function library only: through EVALSHA the check is left to
+// the heartbeat (see vouch in lib.lua).
+func TestStaleCopyQuarantinesFirstGrant(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	const ttl = 3 * time.Second // the holder's heartbeats come a second apart
+	holder := open(t, c, "stale", slots(1), ttl)
+	other := open(t, srv.Client(t), "stale", slots(1), ttl)
+	a := dom("a")
+	if err := c.Save(ctx).Err(); err != nil { // registered, nothing held
+		t.Fatal(err)
+	}
+	held := mustAcquire(t, holder, get(a))
+	srv.Kill()
+	srv.Restart(t) // from the snapshot: the lease is gone from Redis
+	cfg := "rb:{" + hex.EncodeToString([]byte("stale")) + "}:cfg"
+	got := make(chan time.Time, 1)
+	go func() {
+		l, err := other.Acquire(ctx, get(a))
+		if err != nil {
+			t.Error(err)
+			got <- time.Time{}
+			return
+		}
+		got <- time.Now()
+		l.Release()
+	}()
+	// Within the quarantine (one TTL) the holder re-asserts its lease, so
+	// the other host must wait for the release, however long that is.
+	select {
+	case at := <-got:
+		qu, _ := srv.Client(t).HGet(ctx, cfg, "qu").Int64()
+		t.Fatalf("admitted at %v on counts that miss the held lease (quarantine until %v)", at, time.UnixMicro(qu))
+	case <-held.Lost():
+		t.Fatal("the holder's lease was declared lost instead of re-asserted")
+	case <-time.After(ttl + ttl/2):
+	}
+	if du := domainOf(usage(t, holder), a); du.InFlight[budget.OpGet] != 1 {
+		t.Errorf("after the loss: %+v, want the held lease counted", du)
+	}
+	released := time.Now()
+	held.Release()
+	select {
+	case at := <-got:
+		if at.IsZero() {
+			t.FailNow()
+		}
+		t.Logf("admitted %v after the release", at.Sub(released))
+	case <-time.After(10 * time.Second):
+		t.Fatal("not admitted after the release")
+	}
+	expectIdle(t, holder)
+}

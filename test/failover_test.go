@@ -3,6 +3,7 @@
 package test
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -24,20 +25,25 @@ import (
 // holds a budget is killed with kill -9 while lanes on several hosts admit
 // continuously, and its replica takes over (Redis Cluster's own failover,
 // or Sentinel's). The budget must admit again within the failure-detection
-// timeout plus two seconds of the crash, and never above its ceiling.
+// timeout plus two seconds of the crash and the quarantine that follows,
+// and never above its ceiling.
 
 const (
 	// crashNodeTimeout is how long the failover waits before it calls a
 	// silent master dead: cluster-node-timeout, or Sentinel's
 	// down-after-milliseconds.
 	crashNodeTimeout = time.Second
-	// crashBar is the pass bar: the first grant after the crash comes within
-	// the node timeout plus two seconds.
-	crashBar = crashNodeTimeout + 2*time.Second
-	// crashTTL is the lease TTL of these scenarios. A promoted replica may
-	// have missed writes, so the first script that notices the new server
-	// quarantines the budget for one TTL; a short TTL keeps the quarantine
-	// from hiding how long the recovery itself takes. It is also shorter
+	// crashRecovery is how soon after the crash the store must answer
+	// again: the node timeout plus two seconds.
+	crashRecovery = crashNodeTimeout + 2*time.Second
+	// crashBar is the pass bar of the first grant: the recovery, then the
+	// quarantine. A promoted replica may have missed writes (scenario 21),
+	// so the first call on it that would grant quarantines the group for
+	// one lease TTL before anything is granted on its counts.
+	crashBar = crashRecovery + crashTTL
+	// crashTTL is the lease TTL of these scenarios, and so the length of
+	// the quarantine; a short TTL keeps the quarantine from hiding how
+	// long the recovery itself takes. It is also shorter
 	// than any failover, so every lease held at the crash is lost (its
 	// holder cannot renew it) before the replica takes over.
 	crashTTL = 500 * time.Millisecond
@@ -74,6 +80,24 @@ type crashRig struct {
 	// switched, when set, reports whether the rest of the system names the
 	// replica as master (the sentinels); nil when promotion is the switch.
 	switched func() bool
+	// ttl is the hosts' lease TTL; zero means crashTTL.
+	ttl time.Duration
+	// longHold is how long lane 0 of host 0 holds each lease; zero means
+	// two TTLs, so that a lease is likely held at the crash.
+	longHold time.Duration
+	// beforeKill, when set, runs once every host admits, and the master is
+	// killed as soon as it returns.
+	beforeKill func(ctx context.Context, live crashLive)
+}
+
+// crashLive is a run in progress, as a beforeKill hook sees it.
+type crashLive struct {
+	budgets []*budget.Budget // one per host, in the order of crashRig.hosts
+	ref     *referee
+	run     *crashRun
+	// wg holds the goroutines the hook starts: the run waits for them
+	// after its ctx ends, before it checks that usage is back to zero.
+	wg *sync.WaitGroup
 }
 
 // crashBaseline is a SET loop on a key in the budget's slot, through plain
@@ -88,6 +112,9 @@ type crashBaseline struct {
 
 // crashRun is what a run recorded. Times are the test's clock.
 type crashRun struct {
+	// quiet is read-locked by each lane from its Acquire to its Release: a
+	// hook that write-locks it has every lane idle, holding nothing.
+	quiet    sync.RWMutex
 	mu       sync.Mutex
 	grants   []crashGrant
 	lost     int
@@ -134,11 +161,12 @@ func runMasterCrash(t *testing.T, rig crashRig, size crashSize) {
 	defer cancel()
 	ref := startReferee(t, func(string) int { return size.ceiling })
 	const name = "crash"
+	ttl := cmp.Or(rig.ttl, crashTTL)
 	run := &crashRun{usage: map[int][]time.Time{}, writes: map[string][]time.Time{}}
 
 	var budgets []*budget.Budget
 	for _, c := range rig.hosts {
-		s, err := redisstore.New(c, name, redisstore.WithLeaseTTL(crashTTL))
+		s, err := redisstore.New(c, name, redisstore.WithLeaseTTL(ttl))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -170,7 +198,7 @@ func runMasterCrash(t *testing.T, rig crashRig, size crashSize) {
 			// crash and lost (its holder cannot renew it) during the outage.
 			hold := crashHold
 			if h == 0 && lane == 0 {
-				hold = 2 * crashTTL
+				hold = cmp.Or(rig.longHold, 2*ttl)
 			}
 			wg.Add(1)
 			go func() {
@@ -244,6 +272,9 @@ func runMasterCrash(t *testing.T, rig crashRig, size crashSize) {
 		return len(run.grants) >= 50*len(budgets) && len(hosts) == len(budgets) && len(run.usage) == len(budgets)
 	})
 
+	if rig.beforeKill != nil {
+		rig.beforeKill(ctx, crashLive{budgets: budgets, ref: ref, run: run, wg: &wg})
+	}
 	killed := time.Now()
 	rig.master.Kill()
 	replicaClient := rig.replica.Client(t)
@@ -263,10 +294,12 @@ func runMasterCrash(t *testing.T, rig crashRig, size crashSize) {
 		if switched.IsZero() && rig.switched != nil && rig.switched() {
 			switched = now
 		}
-		if !promoted.IsZero() && qStart.IsZero() {
+		if !promoted.IsZero() {
 			// The promoted replica's copy of the config: a new epoch means a
-			// script noticed the new server and started the quarantine.
-			// Both are Redis TIME in microseconds, on this machine's clock.
+			// script noticed the new server and started the quarantine,
+			// which each host's re-assertion may extend (read until the
+			// end). Both are Redis TIME in microseconds, on this machine's
+			// clock.
 			v, err := replicaClient.HMGet(pctx, rig.cfgKey, "epoch", "qu").Result()
 			if err == nil && len(v) == 2 {
 				e, _ := v[0].(string)
@@ -311,7 +344,7 @@ func runMasterCrash(t *testing.T, rig crashRig, size crashSize) {
 		perHostGrant = append(perHostGrant, after(firstGrantAfter(run.grants, h, killed)))
 		perHostStore = append(perHostStore, after(firstAfter(run.usage[h], killed)))
 	}
-	pause, inQuarantine, lastInQuarantine := grantPauses(run.grants, killed, end, qStart, qEnd)
+	pause, inQuarantine, lastInQuarantine := grantPauses(run.grants, killed, end, qStart, qEnd, ttl)
 	over, overFor, starts := ref.report()
 	since := func(at time.Time) string {
 		if at.IsZero() {
@@ -331,15 +364,21 @@ func runMasterCrash(t *testing.T, rig crashRig, size crashSize) {
 		}
 		quarantine += ")"
 	}
+	firstGrant := after(first, granted)
+	if granted && !promoted.IsZero() {
+		firstGrant += ", " + (first - promoted.Sub(killed)).Round(time.Millisecond).String() + " after the promotion"
+	}
 	figure(t, "%d hosts x %d lanes, ceiling %d, lease TTL %v; after kill -9 of the budget's master: replica promoted %s%s; first store call answered per host %s; first grant %s (bar %v; per host %s); %s; longest pause in grants after the first %v; %d leases lost; referee peak %d of %d (overshoot %d, for %v) over %d holds; %d lane errors",
-		size.hosts, size.lanes, size.ceiling, crashTTL, since(promoted), sw, strings.Join(perHostStore, ", "),
-		after(first, granted), rig.bar, strings.Join(perHostGrant, ", "), quarantine, pause.Round(time.Millisecond), run.lost,
+		size.hosts, size.lanes, size.ceiling, ttl, since(promoted), sw, strings.Join(perHostStore, ", "),
+		firstGrant, rig.bar, strings.Join(perHostGrant, ", "), quarantine, pause.Round(time.Millisecond), run.lost,
 		ref.peakOf("get"), size.ceiling, over, overFor, starts, len(run.laneErrs))
 	var bl []string
 	for _, b := range rig.baselines {
 		bl = append(bl, fmt.Sprintf("%s: first SET %s after the kill", b.name, after(firstAfter(run.writes[b.name], killed))))
 	}
-	figure(t, "baseline, plain go-redis SET loop on the budget's slot: %s", strings.Join(bl, "; "))
+	if len(bl) > 0 {
+		figure(t, "baseline, plain go-redis SET loop on the budget's slot: %s", strings.Join(bl, "; "))
+	}
 
 	if promoted.IsZero() {
 		t.Errorf("the replica was not promoted within %v of the crash", size.wait)
@@ -359,7 +398,7 @@ func runMasterCrash(t *testing.T, rig crashRig, size crashSize) {
 	if granted {
 		// Nothing leaks across the failover: every lease given back or
 		// expired, no waiter left.
-		expectZeroUsage(t, budgets[0], 2*time.Second+3*crashTTL)
+		expectZeroUsage(t, budgets[0], 2*time.Second+3*ttl)
 	}
 }
 
@@ -367,14 +406,17 @@ func runMasterCrash(t *testing.T, rig crashRig, size crashSize) {
 // is lost), tells the referee, and releases, until ctx ends.
 func crashLane(ctx context.Context, host int, b *budget.Budget, req budget.Request, hold time.Duration, ref *refClient, run *crashRun) error {
 	for ctx.Err() == nil {
+		run.quiet.RLock() // see crashRun.quiet
 		issued := time.Now()
 		l, err := b.Acquire(ctx, req)
 		if err != nil {
+			run.quiet.RUnlock()
 			return err
 		}
 		run.grant(crashGrant{host: host, issued: issued, at: time.Now()})
 		if err := ref.start("get"); err != nil {
 			l.Release()
+			run.quiet.RUnlock()
 			return err
 		}
 		t := time.NewTimer(hold)
@@ -388,6 +430,7 @@ func crashLane(ctx context.Context, host int, b *budget.Budget, req budget.Reque
 		t.Stop()
 		err = ref.end("get")
 		l.Release()
+		run.quiet.RUnlock()
 		if err != nil {
 			return err
 		}
@@ -413,20 +456,20 @@ func firstGrantAfter(gs []crashGrant, host int, t0 time.Time) (time.Duration, bo
 // grantPauses returns the longest time without a grant from the first
 // grant after t0 (see firstGrantAfter) to end, zero when there was none;
 // how many grants returned inside the quarantine [qs, qe] later than
-// crashTTL/3 + 20ms into it; and how long after qs the last of them
+// ttl/3 + 20ms into it; and how long after qs the last of them
 // returned. The allowance is for
 // grants made just before the quarantine: a waiter granted by another's
 // release learns it from a wake message or, when that is lost (the wake
 // subscription reconnects after a failover), from its own liveness call
 // at most TTL/3 later.
-func grantPauses(gs []crashGrant, t0, end, qs, qe time.Time) (pause time.Duration, inside int, last time.Duration) {
+func grantPauses(gs []crashGrant, t0, end, qs, qe time.Time, ttl time.Duration) (pause time.Duration, inside int, last time.Duration) {
 	first, ok := firstGrantAfter(gs, -1, t0)
 	ats := make([]time.Time, 0, len(gs))
 	for _, g := range gs {
 		if ok && g.at.Sub(t0) >= first {
 			ats = append(ats, g.at)
 		}
-		if !qs.IsZero() && g.at.After(qs.Add(crashTTL/3+20*time.Millisecond)) && g.at.Before(qe) {
+		if !qs.IsZero() && g.at.After(qs.Add(ttl/3+20*time.Millisecond)) && g.at.Before(qe) {
 			inside++
 			last = max(last, g.at.Sub(qs))
 		}
