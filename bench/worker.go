@@ -354,9 +354,7 @@ func (h *opCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 
 // scriptOps is the number of script operations in one command: 0 for a
 // command that runs no script, 1 for a script call, and for an FCALL of a
-// batch function (named "..._batch" or "..._batch_oom"; its arguments are,
-// per operation, the script's name, its argument count m, then the m
-// arguments) the operations it carries.
+// batch function the operations it carries (batchScripts).
 func scriptOps(args []any) int64 {
 	if len(args) == 0 {
 		return 0
@@ -369,23 +367,38 @@ func scriptOps(args []any) int64 {
 	default:
 		return 0
 	}
+	if ops, ok := batchScripts(args); ok {
+		return int64(len(ops))
+	}
+	return 1
+}
+
+// batchScripts returns the script of each operation an FCALL of a batch
+// function (named "..._batch" or "..._batch_oom") carries, and false for
+// any other command. A batch's arguments are, per operation, the script's
+// name, its argument count m, then the m arguments.
+func batchScripts(args []any) ([]string, bool) {
+	if len(args) < 3 || !strings.EqualFold(fmt.Sprint(args[0]), "fcall") {
+		return nil, false
+	}
 	fn, _ := args[1].(string)
 	if !strings.HasSuffix(fn, "_batch") && !strings.HasSuffix(fn, "_batch_oom") {
-		return 1
+		return nil, false
 	}
 	numKeys, ok := asInt(args[2])
 	if !ok {
-		return 1
+		return nil, false
 	}
-	var n int64
-	for i := 3 + numKeys; i+1 < len(args); n++ {
+	var ops []string
+	for i := 3 + numKeys; i+1 < len(args); {
 		m, ok := asInt(args[i+1])
 		if !ok {
-			return n + 1
+			break
 		}
+		ops = append(ops, fmt.Sprint(args[i]))
 		i += 2 + m
 	}
-	return n
+	return ops, true
 }
 
 func asInt(v any) (int, bool) {
