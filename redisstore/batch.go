@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/luascripts"
@@ -29,6 +30,19 @@ import (
 // comes back for it is dropped (ids are the client's, so the waiter's
 // cleanup by ID is the same as after a lost reply).
 //
+// A call that takes far longer than a round trip holds up everything
+// queued behind it. That happens when a master dies: go-redis goes on
+// dialling the dead node, with pauses, for a second or two per call, while
+// calls sent a moment later reach the promoted replica (in fault scenario
+// 20, the killed group's first grant came 1.0-1.5 s later than with calls
+// sent alone). So once the call out has been out for stuckAfter, the
+// next caller does not queue behind it: it sends a call of its own, with
+// whatever is queued, and a call that is stuck costs the others at most
+// stuckAfter. One thing must not go beside it: an operation for the id of
+// a caller that left while its operation was in that call (its cleanup,
+// a cancel). The call may reach Redis later still, and a waiter's cancel
+// must run after its last acquire; so those wait for it (orphans).
+//
 // Only the function library batches: by EVALSHA (miniredis, older
 // servers) every call goes alone.
 
@@ -36,6 +50,12 @@ import (
 // time Redis serves nobody else) stays short: an acquire costs Redis up to
 // about 100 us on a loaded machine.
 const maxBatch = 32
+
+// stuckAfter is how long a call may be out before the calls that come
+// after it stop waiting for it (Store.stuck; tests change it). Far above a
+// round trip, even on a loaded machine (tens of ms under the race
+// detector), so that batches form whenever Redis answers at all.
+const stuckAfter = 100 * time.Millisecond
 
 var (
 	// batched holds the scripts a batch may carry, and oomScript the
@@ -55,7 +75,7 @@ type opState uint8
 
 const (
 	opQueued  opState = iota // waiting in the queue
-	opLeading                // heads the queue, and was told to send it
+	opLeading                // in the queue, and told to send a batch
 	opSent                   // in a batch in flight
 	opDone                   // its reply or error is in
 	opGone                   // its caller left: whatever comes back is dropped
@@ -65,33 +85,63 @@ const (
 type batchOp struct {
 	ctx   context.Context // the caller's: it classifies the op's error
 	name  string          // the script
+	id    string          // the waiter or lease it is for (ARGV[4] of every batched script)
 	sc    *redis.Script
 	args  []any
-	ready chan struct{} // signalled once: it leads, or its reply is in
+	ready chan struct{} // signalled when it is told to lead, and when its reply is in
 
 	// Guarded by committer.mu.
-	state opState
-	res   []string
-	err   error
+	state  opState
+	orphan bool // its caller left while it was in flight
+	res    []string
+	err    error
 }
 
 // committer is one group's queue of calls.
 type committer struct {
-	mu    sync.Mutex
-	busy  bool // a call is in flight, or a caller was told to send the next
-	queue []*batchOp
+	mu sync.Mutex
+	// active counts the callers that lead: sending a call, or told to and
+	// on their way. Calls queue only while one does, and each of them,
+	// when done, hands the lead on (next), so nothing queued is left
+	// without a leader.
+	active int
+	since  time.Time // when the latest call went out, or the lead last passed
+	queue  []*batchOp
+	// orphans counts, by id, the operations in flight whose callers left:
+	// nothing else for those ids is sent until their calls are back.
+	orphans map[string]int
 }
 
-// next hands the lead to the first caller queued, or marks the group idle.
-// c.mu is held.
-func (c *committer) next() {
-	if len(c.queue) == 0 {
-		c.busy = false
-		return
+// free reports whether o may be sent now: no call in flight carries an
+// operation for its id whose caller left. c.mu is held.
+func (c *committer) free(o *batchOp) bool { return c.orphans[o.id] == 0 }
+
+func signal(o *batchOp) {
+	select {
+	case o.ready <- struct{}{}:
+	default: // already signalled; it reads its state under the lock
 	}
-	o := c.queue[0]
-	o.state = opLeading
-	o.ready <- struct{}{} // buffered, and signalled at most once
+}
+
+// next ends one caller's lead: it hands the lead to the first caller
+// queued, unless one already has it. c.mu is held.
+func (c *committer) next() {
+	c.active--
+	var first *batchOp
+	for _, o := range c.queue {
+		if o.state == opLeading {
+			return // on its way: it takes the rest
+		}
+		if first == nil && o.state == opQueued && c.free(o) {
+			first = o
+		}
+	}
+	if first != nil {
+		first.state = opLeading
+		c.active++
+		c.since = time.Now()
+		signal(first)
+	}
 }
 
 // remove takes o out of the queue. c.mu is held.
@@ -110,9 +160,10 @@ func (s *Store) call(ctx context.Context, g *group, name string, sc *redis.Scrip
 	}
 	c := &g.commit
 	c.mu.Lock()
-	if !c.busy {
+	if c.active == 0 {
 		// Idle: out at once, alone, with no queue to wait for.
-		c.busy = true
+		c.active = 1
+		c.since = time.Now()
 		c.mu.Unlock()
 		res, err := s.run(ctx, g, name, sc, args...)
 		c.mu.Lock()
@@ -120,56 +171,100 @@ func (s *Store) call(ctx context.Context, g *group, name string, sc *redis.Scrip
 		c.mu.Unlock()
 		return res, err
 	}
-	o := &batchOp{ctx: ctx, name: name, sc: sc, args: args, ready: make(chan struct{}, 1)}
+	id, _ := args[3].(string) // after the common arguments (lib.lua)
+	o := &batchOp{ctx: ctx, name: name, id: id, sc: sc, args: args, ready: make(chan struct{}, 1)}
 	c.queue = append(c.queue, o)
-	c.mu.Unlock()
-	select {
-	case <-o.ready:
-	case <-ctx.Done():
-	}
-	c.mu.Lock()
-	switch o.state {
-	case opDone:
+	if time.Since(c.since) > s.stuck && c.free(o) {
+		// The call out looks stuck: lead a call of its own, with what is
+		// queued, beside it.
+		o.state = opLeading
+		c.active++
 		c.mu.Unlock()
+		s.lead(ctx, g, o)
+		c.mu.Lock()
+		defer c.mu.Unlock()
 		return o.res, o.err
-	case opLeading:
-		if ctx.Err() == nil {
-			c.mu.Unlock()
-			s.lead(ctx, g, o)
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			return o.res, o.err
-		}
-		// Told to lead just as it gave up: pass the lead on.
-		c.remove(o)
-		c.next()
-	case opQueued:
-		c.remove(o) // never sent
-	case opSent:
-		// On its way: its reply is dropped, as a timed-out call's is.
 	}
-	o.state = opGone
 	c.mu.Unlock()
-	return nil, ctx.Err()
+	for {
+		select {
+		case <-o.ready:
+		case <-ctx.Done():
+		}
+		c.mu.Lock()
+		switch o.state {
+		case opDone:
+			c.mu.Unlock()
+			return o.res, o.err
+		case opLeading:
+			if ctx.Err() == nil {
+				c.mu.Unlock()
+				s.lead(ctx, g, o)
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				return o.res, o.err
+			}
+			// Told to lead just as it gave up: pass the lead on.
+			c.remove(o)
+			c.next()
+		case opQueued:
+			if ctx.Err() == nil {
+				c.mu.Unlock()
+				continue // put back in line after its leader gave up
+			}
+			c.remove(o) // never sent
+		case opSent:
+			if ctx.Err() == nil {
+				c.mu.Unlock()
+				continue
+			}
+			// On its way: its reply is dropped, as a timed-out call's is.
+			o.orphan = true
+			if c.orphans == nil {
+				c.orphans = make(map[string]int)
+			}
+			c.orphans[o.id]++
+		}
+		o.state = opGone
+		c.mu.Unlock()
+		return nil, ctx.Err()
+	}
 }
 
-// lead sends the batch that self heads (it is first in the queue), hands
-// every reply to its caller and the lead to the next caller queued.
+// lead sends a batch of self and the callers queued (not those told to
+// lead, which send their own), hands every reply to its caller, and ends
+// self's lead.
 func (s *Store) lead(ctx context.Context, g *group, self *batchOp) {
 	c := &g.commit
 	c.mu.Lock()
-	n := min(len(c.queue), maxBatch)
-	batch := slices.Clone(c.queue[:n])
-	c.queue = slices.Delete(c.queue, 0, n)
+	batch := []*batchOp{self}
+	rest := c.queue[:0]
+	for _, o := range c.queue {
+		switch {
+		case o == self:
+		case o.state == opQueued && len(batch) < maxBatch && c.free(o):
+			batch = append(batch, o)
+		default:
+			rest = append(rest, o)
+		}
+	}
+	clear(c.queue[len(rest):])
+	c.queue = rest
 	for _, o := range batch {
 		o.state = opSent
 	}
+	c.since = time.Now()
 	c.mu.Unlock()
 	replies := s.send(ctx, g, batch, self)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var again []*batchOp
 	for i, o := range batch {
+		if o.orphan {
+			if c.orphans[o.id]--; c.orphans[o.id] == 0 {
+				delete(c.orphans, o.id)
+			}
+		}
 		if o.state != opSent {
 			continue // its caller left
 		}
@@ -183,7 +278,7 @@ func (s *Store) lead(ctx context.Context, g *group, self *batchOp) {
 		}
 		o.res, o.err, o.state = r.res, r.err, opDone
 		if o != self {
-			o.ready <- struct{}{}
+			signal(o)
 		}
 	}
 	if len(again) > 0 {

@@ -52,6 +52,7 @@ type Store struct {
 	evalOnly bool
 	idle     time.Duration
 	pubCmd   string           // PUBLISH, or SPUBLISH on a Cluster
+	stuck    time.Duration    // see stuckAfter (batch.go)
 	proc     string           // this process's name in wake channels
 	clock    func() time.Time // nil: Redis TIME (see withClock)
 
@@ -163,6 +164,7 @@ func baseStore(client redis.UniversalClient, name string) *Store {
 		client: client,
 		name:   name,
 		ttl:    DefaultLeaseTTL,
+		stuck:  stuckAfter,
 		pubCmd: pubCommand(client),
 		groups: make(map[string]*group),
 		wakes:  make(map[string]*waiting),
