@@ -79,10 +79,11 @@
 // admitting call whole, as it would that call alone; the batch's
 // retirements and cancellations go again in an allow-oom batch function
 // and free their slots. Wake messages published by a batch's operations go
-// out when the whole batch ends. By EVALSHA nothing is batched. A call that
-// hangs (a connection that died without a reset) holds up this process's
-// other calls to its group until its deadline; each of them still returns
-// by its own.
+// out when the whole batch ends. By EVALSHA nothing is batched. A call out
+// for more than 100 ms (go-redis redialling a dead master, a connection
+// that died without a reset) no longer holds up the calls behind it: the
+// next one goes beside it, with whatever is queued, except calls for the id
+// of a caller that left while its own was in that call, which wait for it.
 //
 // # Sessions, expiry and reclaim
 //
