@@ -284,8 +284,19 @@ func (b *Budget) wait(ctx context.Context, id string, req Request, mem int64) (*
 			down = outage{backoff: minBackoff}
 		}
 		if err == nil && att.Outcome == Granted {
+			grantedAt := sent.Add(-att.GrantedAgo)
 			if err = ctx.Err(); err == nil {
-				return b.track(b.newLease(id, req, mem), sent.Add(-att.GrantedAgo)), nil
+				if b.keeper == nil || b.now().Sub(grantedAt) < b.store.LeaseTTL() {
+					return b.track(b.newLease(id, req, mem), grantedAt), nil
+				}
+				// Collected a TTL or more after the store made it (this
+				// process stalled, or the reply came that late): nothing
+				// renewed it meanwhile, so the store may already have
+				// reclaimed its slots and given them to others. Give it
+				// back and queue again, as a new waiter.
+				b.abandon(id)
+				id = b.newID()
+				continue
 			}
 			// Granted in the same moment the caller gave up: give it back.
 		}

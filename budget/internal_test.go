@@ -338,3 +338,66 @@ func TestAcquireHungStore(t *testing.T) {
 		})
 	}
 }
+
+// lateStore reports its first grant as made a whole TTL ago, as a grant
+// collected after a stall of the process would be.
+type lateStore struct {
+	Store
+	mu      sync.Mutex
+	late    bool
+	cancels []string
+}
+
+func (s *lateStore) LeaseTTL() time.Duration                               { return 300 * time.Millisecond }
+func (s *lateStore) Heartbeat(context.Context, []string) ([]string, error) { return nil, nil }
+func (s *lateStore) TryAcquire(ctx context.Context, id string, req Request) (Attempt, error) {
+	att, err := s.Store.TryAcquire(ctx, id, req)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil && att.Outcome == Granted && !s.late {
+		s.late = true
+		att.GrantedAgo = s.LeaseTTL()
+	}
+	return att, err
+}
+func (s *lateStore) Cancel(ctx context.Context, id string) error {
+	s.mu.Lock()
+	s.cancels = append(s.cancels, id)
+	s.mu.Unlock()
+	return s.Store.Cancel(ctx, id)
+}
+
+// TestAcquireRefusesAStaleGrant: a grant collected a TTL after the store
+// made it may already be reclaimed, so Acquire gives it back and waits
+// again under a new ID rather than hand out a lease nothing counts.
+func TestAcquireRefusesAStaleGrant(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &lateStore{Store: newMemStore(time.Now)}
+		b, err := New(Limits{InFlight: map[OpClass]int{OpGet: 1}}, WithStore(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		l, err := b.Acquire(context.Background(), Request{Domains: []Domain{{Version: 1, ID: "a"}}, Class: OpGet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait() // the background give-back
+		s.mu.Lock()
+		cancels := slices.Clone(s.cancels)
+		s.mu.Unlock()
+		if len(cancels) != 1 || cancels[0] == l.ID() {
+			t.Fatalf("cancels %v, lease %s: want the stale grant's ID given back, and another lease", cancels, l.ID())
+		}
+		select {
+		case <-l.Lost():
+			t.Fatal("the lease handed out is lost")
+		default:
+		}
+		l.Release()
+		u, err := b.Usage(context.Background())
+		if err != nil || len(u.Domains) != 0 && len(u.Domains[0].InFlight) != 0 {
+			t.Errorf("usage after release: %+v, %v", u, err)
+		}
+	})
+}

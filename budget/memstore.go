@@ -19,7 +19,11 @@ import (
 type memStore struct {
 	now func() time.Time
 
-	mu         sync.Mutex
+	mu sync.Mutex
+	// The store's clock (memstore_clock.go): now() plus offset, kept from
+	// going back behind anchor.
+	offset     time.Duration
+	anchor     time.Time
 	registered bool
 	limits     Limits
 	caps       [NumClasses]int // in-flight ceilings by class index
@@ -120,7 +124,7 @@ func (s *memStore) Register(_ context.Context, limits Limits, replace bool) erro
 		return fmt.Errorf("%w", ErrLimitsConflict)
 	}
 	changed := s.registered && !s.limits.Equal(limits)
-	now := s.now()
+	now := s.clock()
 	if changed {
 		// Buckets come up to now at the old rate before it changes, as in
 		// register.lua.
@@ -162,9 +166,9 @@ func (s *memStore) TryAcquire(_ context.Context, id string, req Request) (Attemp
 	defer s.mu.Unlock()
 	if l, ok := s.leases[id]; ok {
 		// A repeated call, or a handoff made by another call.
-		return Attempt{Outcome: Granted, GrantedAgo: max(0, s.now().Sub(l.at))}, nil
+		return Attempt{Outcome: Granted, GrantedAgo: max(0, s.clock().Sub(l.at))}, nil
 	}
-	now := s.now()
+	now := s.clock()
 	if s.ops++; s.ops%sweepEvery == 0 {
 		s.sweep(now)
 	}
@@ -340,7 +344,7 @@ func (s *memStore) Cancel(_ context.Context, id string) error {
 		s.retire(id, l, lease.All)
 	}
 	if len(s.cands) > 0 {
-		s.flush(s.now())
+		s.flush(s.clock())
 	}
 	return nil
 }
@@ -352,7 +356,7 @@ func (s *memStore) Retire(_ context.Context, id string, parts lease.Parts) error
 		s.retire(id, l, parts)
 	}
 	if len(s.cands) > 0 {
-		s.flush(s.now())
+		s.flush(s.clock())
 	}
 	return nil
 }
@@ -399,7 +403,7 @@ func (s *memStore) Heartbeat(_ context.Context, ids []string) ([]string, error) 
 func (s *memStore) Throttle(_ context.Context, d Domain, retryAfter time.Duration) (float64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
+	now := s.clock()
 	ds := s.domain(d)
 	s.settle(ds, now)
 	// Bring the bucket up to now at the old rate before the rate changes.
@@ -544,7 +548,7 @@ func (s *memStore) sweep(now time.Time) {
 func (s *memStore) Usage(_ context.Context) (Usage, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
+	now := s.clock()
 	u := Usage{Waiters: len(s.waiters)}
 	for _, ds := range s.domains {
 		du := DomainUsage{Domain: ds.d, OpenBodies: ds.bodies, RateFactor: s.factor(ds, now), Waiters: ds.queue.Len()}

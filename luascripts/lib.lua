@@ -16,8 +16,10 @@
 --   ARGV[2]  idle TTL in ms: how long a key lives after it was last touched.
 --   ARGV[3]  the clock: "" to use Redis TIME (production always sends ""),
 --            or a decimal count of microseconds since the Unix epoch that
---            every step of the call takes as now instead. Tests step it to
---            drive buckets, pauses and expiry without waiting.
+--            the call takes as Redis TIME instead. Tests step it to drive
+--            buckets, pauses and expiry without waiting, and to jump it.
+--            Either way the call's now is the group clock built on it (see
+--            Clock jumps below), and key TTLs follow it as given.
 --   ARGV[4…] the script's own arguments.
 -- Every reply is a list of strings whose first field is a reply code, one
 -- of the R_ constants below (redisstore mirrors them by name). Numbers go
@@ -29,11 +31,16 @@
 --   cfg          hash: limits (json, rps, burst, c0..c<NCLASS-1>, bodies),
 --                seq (arrival tickets), epoch, qu (quarantine end
 --                after a state loss), rid (the Redis run_id that wrote it),
---                rx (when its TTL runs out, us), rc (a time no later than
---                the earliest deadline in sexp and wexp: when reclaim is due)
+--                rx (when its TTL runs out, by Redis TIME, us), rc (a time
+--                no later than the earliest deadline in sexp and wexp: when
+--                reclaim is due), lt and co (the group clock: the latest
+--                time it read, and its offset from Redis TIME, us), tl (the
+--                longest lease TTL registered, us), ce (the epoch the
+--                domains' counts must be of)
 --   d:<enc>      hash: one domain's counts (f<class index>, b), bucket,
---                throttle and start rate,
---                rx (when its TTL runs out, us); zero fields may be absent
+--                throttle and start rate, ep (the epoch of its counts),
+--                rx (when its TTL runs out, by Redis TIME, us); zero fields
+--                may be absent
 --   q:<enc>      zset: waiters of a domain, scored by arrival ticket
 --   doms         zset: domain encodings, scored by when their TTL was last
 --                set (for Usage)
@@ -65,6 +72,39 @@
 -- renews it (the holder hears R_SESSION_GONE and starts a new
 -- generation), and reclaim retires its leases, RECLAIM per script, then
 -- ends it in sgone.
+--
+-- Clock jumps. Every time a script stores (bucket refills, pauses,
+-- throttles, deadlines) is read against later calls' now, so a step of
+-- Redis TIME would move them all at once: back by minutes, a bucket stops
+-- refilling and every deadline and pause lies minutes ahead; forward,
+-- every session's deadline passes together and reclaim would give live
+-- holders' slots to others while they still hold them. So a call's now is
+-- a group clock, Redis TIME plus an offset (cfg co), checked against the
+-- latest time the group read (cfg lt, kept within STEP):
+--   - earlier than lt: TIME went back. The offset grows by the difference,
+--     and the group's time goes on from lt as if nothing had happened. The
+--     config's TTL is renewed with the keys it vouches for (touch_cfg).
+--   - more than J past lt (half the longest lease TTL), with leases held:
+--     every live holder beats at least every third of a TTL, so nobody
+--     was heard from in two thirds of the time they beat in. Either every
+--     holder died or was cut off (their sessions may expire), or TIME
+--     jumped. It cannot be told from Redis, so the group's time advances
+--     by J only: a jump costs no live holder its session (its next beat
+--     comes less than two thirds of a TTL after its last), and a real
+--     silence delays reclaim by at most TTL - J. A server whose run_id
+--     changed (a restart or failover: real time passed, which its INFO
+--     says) is taken at its word. A smaller jump needs nothing: it passes
+--     no deadline a beat would not have renewed first.
+--   - at least KEYRISK past lt, with leases held: key TTLs follow Redis's
+--     wall clock, which jumped too, and some keys may have expired while
+--     others lived (a domain's counts and not its leases, say). The group
+--     starts a new epoch under quarantine, wiping lease records and
+--     queues, and counts from an earlier epoch read as zero (d ep against
+--     cfg ce): holders re-assert what they hold, so counts are rebuilt from
+--     them, whatever survived.
+-- Nothing jumps without leases held: a bucket may fill and a pause end
+-- early, as after a real wait, but no count can be wrong. Key TTLs are
+-- tracked in Redis TIME (rx), the clock that expires them.
 --
 -- Cost matters: on a loaded machine every command inside a script costs a
 -- microsecond or more, and every string formatted or table built a fraction
@@ -100,7 +140,8 @@ local R_SESSION_GONE = '-4' -- acquire, heartbeat: the session named is dead
 
 -- Per-call state, set by begin.
 local CFG, P, PUB, IDLE -- config key, key prefix, publish command, idle TTL (ms)
-local NOW, LIM, CANDS   -- cached TIME and limits, handoff candidates
+local NOW, LIM, CANDS   -- the call's group time, limits, handoff candidates
+local RAW               -- the call's Redis TIME (or the clock given), us
 local DC                -- domains loaded by this call, by encoding
 
 local function bad(msg)
@@ -168,8 +209,8 @@ local function begin(keys, argv, keep)
   if t == nil then bad('clock argument is missing') end
   if keep then return end
   LIM, DC = nil, {}
-  NOW = nil
-  if t ~= '' then NOW = int(t, 'clock', 0, 9007199254740991) end
+  NOW, RAW = nil, nil
+  if t ~= '' then RAW = int(t, 'clock', 0, 9007199254740991) end
 end
 
 -- Integers and floats are formatted explicitly: redis.call would turn a Lua
@@ -179,14 +220,16 @@ local function F(x) return string.format('%.17g', x) end
 
 -- Redis TIME, read once per script (on 7.0 it advances during a script),
 -- so every step of one script sees the same instant; or the clock given in
--- ARGV[3], which begin has already set.
-local function clock()
-  if not NOW then
+-- ARGV[3], which begin has already set. The call's now is the group clock
+-- built on it (clock, below).
+local function raw_clock()
+  if not RAW then
     local t = redis.call('TIME')
-    NOW = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    RAW = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
-  return NOW
+  return RAW
 end
+local clock -- defined with the group clock, after what it needs
 
 -- Mirrors of budget/throttle.go. Change both together.
 local BETA = 0.7
@@ -218,7 +261,8 @@ local function concat(a, b)
   return out
 end
 local LIMITF = concat({'rps', 'burst', 'bodies'}, CAPF)
-local LIMITF_ALL = concat(LIMITF, {'qu', 'rx', 'rc'})
+local CALLF = {'qu', 'rx', 'rc', 'lt', 'co', 'tl', 'ce'}
+local LIMITF_ALL = concat(LIMITF, CALLF)
 
 local function parse_limits(v)
   local caps = {}
@@ -228,9 +272,14 @@ end
 
 -- A call's view of the limits: the ceilings (shared, read-only) behind the
 -- fields of this call, which it updates as it goes.
+local function per_call(lim, v, k)
+  for i = 1, #CALLF do lim[CALLF[i]] = tonumber(v[k + i]) or 0 end
+  return lim
+end
+
 local function limits()
   if IN_LIBRARY then
-    local v = redis.call('HMGET', CFG, 'json', 'qu', 'rx', 'rc', 'rid')
+    local v = redis.call('HMGET', CFG, 'json', 'rid', unpack(CALLF))
     if not v[1] then
       return nil
     end
@@ -249,18 +298,13 @@ local function limits()
       c.mt = {__index = c}
       LCACHE[CFG] = c
     end
-    return setmetatable({qu = tonumber(v[2]) or 0, rx = tonumber(v[3]) or 0,
-      rc = tonumber(v[4]) or 0, rid = v[5]}, c.mt)
+    return per_call(setmetatable({rid = v[2]}, c.mt), v, 2)
   end
   local v = redis.call('HMGET', CFG, unpack(LIMITF_ALL))
   if not v[1] then
     return nil
   end
-  local lim = parse_limits(v)
-  local k = #LIMITF
-  lim.qu, lim.rx, lim.rc = tonumber(v[k + 1]) or 0, tonumber(v[k + 2]) or 0,
-    tonumber(v[k + 3]) or 0
-  return lim
+  return per_call(parse_limits(v), v, #LIMITF)
 end
 
 -- lims returns the budget's limits, read once per script; this script's
@@ -280,7 +324,7 @@ end
 -- A domain's fields. CORE is read on every load; EXTRA (the throttle's
 -- memory and the measured start rate) only where it can matter: on a
 -- throttled domain, or one without a rate ceiling.
-local CORE = concat(CLASSF, {'b', 'bk', 'tk', 'ta', 'th', 'pu', 'rx'})
+local CORE = concat(CLASSF, {'b', 'bk', 'tk', 'ta', 'th', 'pu', 'ep', 'rx'}) -- rx last (dsave)
 local EXTRA = {'wm', 'da', 'bs', 'ss', 'sa', 'fs'}
 local FLOAT = {tk = true, wm = true, bs = true, ss = true}
 local CORE_AT = {} -- field -> its index in CORE
@@ -301,6 +345,13 @@ local function dload(enc)
     wm = 0, da = 0, bs = 0, ss = 0, sa = 0, fs = 0}
   for i, f in ipairs(CORE) do d[f] = v[i] end
   local lim = lims()
+  local stale = lim and d.ep ~= lim.ce
+  if stale then
+    -- Counts of an epoch before the last rebuild (Clock jumps): its
+    -- leases are gone, and re-assertion counts the live ones again.
+    for _, f in ipairs(CLASSF) do d[f] = 0 end
+    d.b, d.ep = 0, lim.ce
+  end
   if d.th == 1 or not lim or lim.rps == 0 then
     local e = redis.call('HMGET', key, unpack(EXTRA))
     for i = 1, #EXTRA do
@@ -308,6 +359,17 @@ local function dload(enc)
       d[EXTRA[i]] = e[i]
     end
     d.x = e
+  end
+  -- On the group clock no stored time lies ahead of now but a bucket held
+  -- back by a pause. A domain that outlived its config may keep the times
+  -- of the lost config's clock (Clock jumps): they are brought back to
+  -- now, or its bucket would not refill until this clock caught up.
+  local now = NOW
+  if stale and now then
+    if d.ta > now and d.ta > d.pu then d.ta = now end
+    if d.da > now then d.da = now end
+    if d.sa > now then d.sa = now end
+    if d.fs > now then d.fs = now end
   end
   DC[enc] = d
   return d
@@ -412,10 +474,11 @@ local function dsave(d, now, lim)
   if d.pu > now then
     hard = math.max(hard, math.ceil((d.pu - now) / 1000) + IDLE)
   end
-  local renew = d.rx < now + hard * 1000 or d.rx < now + IDLE * 500
+  local raw = raw_clock() -- the clock key TTLs run on
+  local renew = d.rx < raw + hard * 1000 or d.rx < raw + IDLE * 500
   local ttl = math.max(IDLE, hard)
   if renew then
-    d.rx = now + ttl * 1000
+    d.rx = raw + ttl * 1000
     put(out, 'rx', d.rx)
   end
   if #out > 0 then
@@ -430,18 +493,23 @@ local function dsave(d, now, lim)
   end
   if renew then
     redis.call('PEXPIRE', d.key, I(ttl))
-    redis.call('ZADD', P .. 'doms', I(now), d.enc)
+    redis.call('ZADD', P .. 'doms', I(raw), d.enc)
     redis.call('PEXPIRE', P .. 'doms', IDLE)
   end
 end
 
--- Renews the config hash's TTL when half of it is spent.
-local function touch_cfg(now)
+-- Renews the config hash's TTL when half of it is spent, and with it those
+-- of the lease records, sessions and domain list: while the config lives,
+-- they do, so a config that outlived a clock jump vouches for them (Clock
+-- jumps). Key TTLs run on Redis TIME, not the group clock.
+local function touch_cfg()
   local lim = lims()
-  if lim and lim.rx < now + IDLE * 500 then
-    lim.rx = now + IDLE * 1000
+  local raw = raw_clock()
+  if lim and lim.rx < raw + IDLE * 500 then
+    lim.rx = raw + IDLE * 1000
     redis.call('HSET', CFG, 'rx', I(lim.rx))
     redis.call('PEXPIRE', CFG, IDLE)
+    for _, k in ipairs({'lx', 'sexp', 'doms'}) do redis.call('PEXPIRE', P .. k, IDLE) end
   end
 end
 
@@ -611,8 +679,12 @@ local function retire(lid, r, b, popped)
           else
             redis.call('HSET', dk, f, '0')
           end
-        elseif d then
+        elseif d and d.ep == d.o[CORE_AT.ep] then
+          -- (A domain whose counts are of an earlier epoch, read as zero,
+          -- is loaded again instead.)
           d[f], d.o[CORE_AT[f]] = n, n
+        else
+          d = nil
         end
       end
       DC[enc] = d
@@ -739,11 +811,32 @@ end
 
 -- Starts a new epoch under quarantine: every live holder re-asserts its
 -- leases (it sees the epoch change on its next heartbeat) before any new
--- grant trusts the counts.
-local function new_epoch(now, quarantine_us)
-  redis.call('HSET', CFG, 'epoch', I(now), 'qu', I(now + quarantine_us))
-  if LIM then LIM.qu = now + quarantine_us end
-  return I(now)
+-- grant trusts the counts. rebuild says the counts cannot be trusted even
+-- then (keys may have expired apart, Clock jumps): lease records, queues
+-- and waiters are dropped, and domains' counts read as zero until
+-- re-assertion counts them again (waiters join the queues again on their
+-- next call). Work in the number of domains and waiters, on a rare call.
+local function new_epoch(now, quarantine_us, rebuild)
+  local e = math.max(now, (tonumber(redis.call('HGET', CFG, 'epoch')) or 0) + 1)
+  local f = {'epoch', I(e), 'qu', I(now + quarantine_us)}
+  if rebuild then
+    f[#f + 1], f[#f + 2] = 'ce', I(e)
+    redis.call('DEL', P .. 'lx')
+    for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
+      redis.call('DEL', P .. 'q:' .. enc)
+    end
+    for _, wid in ipairs(redis.call('ZRANGE', P .. 'wexp', 0, -1)) do
+      redis.call('DEL', P .. 'w:' .. wid)
+    end
+    redis.call('DEL', P .. 'wexp')
+    DC = {}
+  end
+  redis.call('HSET', CFG, unpack(f))
+  if LIM then
+    LIM.qu = now + quarantine_us
+    if rebuild then LIM.ce = e end
+  end
+  return I(e)
 end
 
 -- vouch runs before a grant (acquire, and a handoff to a queued waiter):
@@ -872,3 +965,65 @@ local function reclaim(now)
   end
 end
 
+-- Reports, without noting it, whether Redis's run_id differs from the one
+-- that wrote the config (restarted() notes it, and starts the epoch).
+local function run_id_changed()
+  local rid = server_rid()
+  if not rid then return false end
+  local known = redis.call('HGET', CFG, 'rid')
+  return known ~= false and known ~= rid
+end
+
+-- The group clock (Clock jumps, above). STEP bounds how far lt may lag the
+-- latest time read (a write a second, not one a call); a step back of less
+-- than that goes unnoticed, and costs at most that. KEYRISK is the least
+-- TTL a key in use has left (an eighth of the idle TTL: domain hashes are
+-- renewed when half spent, and checked by heartbeats every quarter), so a
+-- smaller jump expires none.
+local STEP = 1000000 -- us
+local function group_clock(raw)
+  local lim = lims()
+  if not lim then return raw end
+  local now, lt, co = raw + lim.co, lim.lt, lim.co
+  local tl = lim.tl > 0 and lim.tl or IDLE * 50 -- what the idle TTL says
+  local j = math.floor(tl / 2)
+  local rebuild = false
+  local back = false
+  if lt > 0 and now < lt then
+    co = co + (lt - now)
+    now = lt
+    back = true
+  elseif lt > 0 and now - lt > j and redis.call('EXISTS', P .. 'lx') == 1 then
+    local gap = now - lt
+    rebuild = gap >= IDLE * 125
+    if not run_id_changed() then
+      co = co - (gap - j)
+      now = lt + j
+    end
+  end
+  local f = {}
+  if co ~= lim.co then
+    lim.co = co
+    f[#f + 1], f[#f + 2] = 'co', I(co)
+  end
+  if now > lt + math.min(STEP, math.floor(j / 4)) then
+    lim.lt = now
+    f[#f + 1], f[#f + 2] = 'lt', I(now)
+  end
+  if #f > 0 then redis.call('HSET', CFG, unpack(f)) end
+  if back then
+    -- Keys renewed from now on expire earlier, by Redis's clock, than
+    -- the config renewed before: renew it, and the keys it vouches for,
+    -- with them, so that the config still never outlives the records.
+    lim.rx = 0
+    touch_cfg()
+  end
+  if rebuild then new_epoch(now, tl, true) end
+  return now
+end
+
+-- The call's now: the group clock, read once per call.
+function clock()
+  if not NOW then NOW = group_clock(raw_clock()) end
+  return NOW
+end

@@ -11,7 +11,8 @@
 -- ARGV[9]  1 when this host held state under an earlier epoch that is gone
 --          (Redis lost the budget): new grants then wait ARGV[10] ms, long
 --          enough for every live holder to re-assert its leases.
--- ARGV[10] quarantine, ms
+-- ARGV[10] quarantine, ms: the host's lease TTL (the config keeps the
+--          longest one registered, for the group clock: lib.lua)
 -- ARGV[11] 1 to start a new epoch even though the config exists (Redis
 --          restarted from a persistence file that may miss recent writes)
 -- ARGV[12..11+NCLASS] in-flight ceilings by class index
@@ -68,8 +69,17 @@ if stored and (renew == 1 or restarted()) then
 elseif not stored then
   restarted() -- note the run_id that writes this budget
 end
-if lost == 1 and not stored then
-  redis.call('HSET', CFG, 'qu', I(now + quarantine))
+if not stored then
+  -- A config made now vouches for no count: whatever a loss left behind
+  -- (lease records, a domain's counts) is of no epoch it knows, so the
+  -- records go and the counts read as zero (lib.lua, Clock jumps). Its
+  -- group clock starts at TIME.
+  redis.call('DEL', P .. 'lx')
+  redis.call('HSET', CFG, 'epoch', I(now), 'ce', I(now), 'lt', I(now), 'co', '0')
+  if lost == 1 then redis.call('HSET', CFG, 'qu', I(now + quarantine)) end
+end
+if quarantine > (tonumber(redis.call('HGET', CFG, 'tl')) or 0) then
+  redis.call('HSET', CFG, 'tl', I(quarantine))
 end
 redis.call('HSETNX', CFG, 'epoch', I(now))
 redis.call('HSETNX', CFG, 'seq', 0)

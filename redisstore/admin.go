@@ -112,7 +112,13 @@ func (a *Admin) run(ctx context.Context, cfgKey, op string, pick func(*scriptSet
 	}
 	sc := pick(set)
 	args := commonArgs(pubCommand(a.client), adminIdle, nil, own...)
-	res, err := sc.Run(ctx, a.client, []string{cfgKey}, args...).StringSlice()
+	keys := []string{cfgKey}
+	if _, cluster := a.client.(*redis.ClusterClient); cluster {
+		// As a store's calls do (slotGuard): refused whole while the
+		// group's slot migrates, never half-applied.
+		keys = append(keys, strings.TrimSuffix(cfgKey, "cfg")+slotGuard)
+	}
+	res, err := sc.Run(ctx, a.client, keys, args...).StringSlice()
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

@@ -130,7 +130,17 @@ func (s *Store) reassert(ctx context.Context, g *group, epoch string) error {
 	const chunk = 500
 	for start := 0; start < len(all) || start == 0; start += chunk {
 		part := all[start:min(start+chunk, len(all))]
-		args := s.args(ms(s.ttl), sid, len(part))
+		// The script learns which call starts and which ends the
+		// re-assertion: after the last, what the session holds in Redis
+		// and the host did not name is retired.
+		flags := 0
+		if start == 0 {
+			flags |= 1
+		}
+		if start+chunk >= len(all) {
+			flags |= 2
+		}
+		args := s.args(ms(s.ttl), sid, flags, len(part))
 		for _, x := range part {
 			args = append(args, x.id, x.h.class, int(x.h.held), x.h.consumer, len(x.h.encs))
 			for _, e := range x.h.encs {

@@ -102,10 +102,14 @@ func runDifferential(t *testing.T, c redis.UniversalClient, opts ...redisstore.O
 	t.Logf("%d seeds x %d steps in %v; outcomes:%s", len(list), steps, time.Since(start).Round(time.Millisecond), b.String())
 }
 
-// fakeClock is the one time both stores read.
+// fakeClock is the one time both stores read: the scripts as Redis TIME,
+// the in-process store as its clock. It can step back, as Redis TIME can;
+// Mono is the same time without the steps back, the hosts' monotonic
+// clock, which redisstore's own bookkeeping and this test's read.
 type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
+	mu   sync.Mutex
+	now  time.Time
+	back time.Duration // every step back so far
 }
 
 func (c *fakeClock) Now() time.Time {
@@ -114,9 +118,18 @@ func (c *fakeClock) Now() time.Time {
 	return c.now
 }
 
+func (c *fakeClock) Mono() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now.Add(c.back)
+}
+
 func (c *fakeClock) advance(d time.Duration) {
 	c.mu.Lock()
 	c.now = c.now.Add(d)
+	if d < 0 {
+		c.back -= d
+	}
 	c.mu.Unlock()
 }
 
@@ -162,7 +175,7 @@ func newDiffer(t *testing.T, c redis.UniversalClient, seed uint64, opts []rediss
 	clock := &fakeClock{now: time.UnixMicro(1_700_000_000_000_000)}
 	name := fmt.Sprintf("differential/%s/%d", t.Name(), seed)
 	red, err := redisstore.New(c, name, append([]redisstore.Option{
-		redisstore.WithLeaseTTL(diffTTL), redisstore.WithTestClock(clock.Now)}, opts...)...)
+		redisstore.WithLeaseTTL(diffTTL), redisstore.WithTestClocks(clock.Now, clock.Mono)}, opts...)...)
 	if err != nil {
 		t.Fatalf("redisstore.New: %v", err)
 	}
@@ -379,7 +392,7 @@ func (d *differ) acquire() {
 	d.next++
 	id := fmt.Sprintf("s%d.%d", d.seed, d.next)
 	req := d.randomRequest()
-	now := d.clock.Now()
+	now := d.clock.Mono()
 	a, ok := d.try("acquire", id, req)
 	if ok {
 		d.record(id, req, a, now, now)
@@ -413,7 +426,7 @@ func (d *differ) poll() {
 func (d *differ) pollWaiter(i int) {
 	w := d.waiters[i]
 	d.waiters = slices.Delete(d.waiters, i, i+1)
-	now := d.clock.Now()
+	now := d.clock.Mono()
 	if a, ok := d.try("poll", w.id, w.req); ok {
 		d.record(w.id, w.req, a, now, w.lastCall)
 	} else {
@@ -536,8 +549,13 @@ func (d *differ) report(dom budget.Domain) {
 }
 
 // advance lets time pass: a little, a lot, past throttle recovery (4s) and
-// buckets refilling (up to a burst of 6 at 0.5/s, 12s), or minutes.
+// buckets refilling (up to a burst of 6 at 0.5/s, 12s), or minutes; or,
+// now and then, steps it back.
 func (d *differ) advance() {
+	if d.rng.IntN(12) == 0 {
+		d.stepBack()
+		return
+	}
 	var us int64
 	switch r := d.rng.IntN(10); {
 	case r < 4:
@@ -550,6 +568,21 @@ func (d *differ) advance() {
 		us = 20_000_000 + d.rng.Int64N(300_000_000)
 	}
 	d.advanceBy(time.Duration(us) * time.Microsecond)
+}
+
+// stepBack moves the time both stores read back, as when Redis TIME jumps
+// back: by less than the scripts' STEP (1s), where a store may be set back
+// that much, or by up to minutes, where both must go on from where they
+// were. Mono, and so every renewal this test schedules, does not go back.
+func (d *differ) stepBack() {
+	us := 1 + d.rng.Int64N(2_000_000)
+	if d.rng.IntN(2) == 0 {
+		us = 2_000_000 + d.rng.Int64N(300_000_000)
+	}
+	step := time.Duration(us) * time.Microsecond
+	d.clock.advance(-step)
+	d.step("step back %v", step)
+	d.seen["step back"]++
 }
 
 // toWake moves time just past the earliest Delayed waiter's wait, so that
@@ -567,7 +600,7 @@ func (d *differ) toWake() {
 		return
 	}
 	jitter := time.Duration(500+d.rng.Int64N(50_000)) * time.Microsecond
-	d.advanceBy(max(0, at.Sub(d.clock.Now())) + jitter)
+	d.advanceBy(max(0, at.Sub(d.clock.Mono())) + jitter)
 }
 
 // advanceBy moves the fake time by step, first renewing what would get
@@ -577,7 +610,7 @@ func (d *differ) advanceBy(step time.Duration) {
 	// Whole microseconds: the scripts see no finer time, so a clock between
 	// two would show the stores two different instants.
 	step = min(step, diffTTL/4).Truncate(time.Microsecond)
-	later := d.clock.Now().Add(step)
+	later := d.clock.Mono().Add(step)
 	for _, l := range d.leases {
 		if later.Sub(l.renewed) > diffTTL/2 {
 			d.heartbeat()
@@ -622,7 +655,7 @@ func (d *differ) heartbeat() {
 	case !slices.Equal(mm, mr):
 		d.fail("Heartbeat missing: in-process %v, redis %v", mm, mr)
 	}
-	now := d.clock.Now()
+	now := d.clock.Mono()
 	for _, l := range d.leases {
 		l.renewed = now
 	}

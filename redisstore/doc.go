@@ -151,9 +151,17 @@
 // to sleep. One held back by a ceiling stays asleep until a release tries
 // it again. Under 64-way contention on 8 slots that is one wake message and
 // two script calls (its first, queued call and its release) per admitted
-// request, the same as with 16 lanes. A message lost on the way (a
-// reconnect) costs at most TTL/3: the waiter's next liveness call finds its
-// lease, or its place in line.
+// request, the same as with 16 lanes. A message lost on the way costs at
+// most TTL/3: the waiter's next liveness call finds its lease, or its place
+// in line. Usually far less: once a hub has its channels subscribed again
+// (after a reconnect, or on the new master after the group's slot moved,
+// which Redis announces with a sunsubscribe push), it wakes that group's
+// waiters, so each calls at once. On a Cluster every call also names a key
+// no script writes (slotGuard), so while a group's slot migrates Redis
+// refuses the call whole (TRYAGAIN, ASK), and it is retried, instead of
+// running it half on either master. The new master did not write the
+// group's config, so the first grant on it quarantines the group for one
+// lease TTL, as after a failover.
 //
 // Pub/sub was chosen over a blocking list per waiter (BLPOP) on measurement:
 // a bare handoff on loopback costs about the same (92-108 us for pub/sub,
@@ -189,6 +197,24 @@
 // budget should use the same lease TTL, since the quarantine lasts one TTL
 // of the host that noticed.
 //
+// Redis TIME can jump (a clock stepped by hand or by NTP, a VM restored).
+// The scripts keep each group on a clock of its own, TIME plus an offset
+// stored in its config, that never runs back: when TIME goes back, the
+// group goes on from the latest time it read, so buckets keep refilling
+// and deadlines and pauses end when they would have. When TIME moves more
+// than half a lease TTL (the longest registered) past that time while
+// leases are held, either every holder went silent or TIME jumped, which
+// Redis cannot tell apart; the group's clock then moves half a TTL only,
+// so no live holder's session expires (it beats again within a third) and
+// a dead one's slots come back at most a TTL later. A restarted server or
+// a promoted replica (another run_id) is trusted: real time passed there.
+// A jump of an eighth of the idle TTL or more may also have expired keys
+// one by one (key TTLs follow Redis's wall clock), so it starts a new epoch
+// under quarantine in which counts are rebuilt from the holders'
+// re-assertions alone; waiters join the line again. Without leases held a
+// jump forward is taken as time passed (a bucket fills, a pause ends
+// early). FAULTS.md, scenario 22, moves a real server's clock.
+//
 // Nothing is admitted without Redis. A call that fails on the network, on
 // BUSY, OOM, LOADING or a failover returns an error wrapping
 // budget.ErrUnavailable, which the budget retries within its grace. Errors
@@ -215,6 +241,14 @@
 //     default trips during a failover, delaying the first call after the
 //     switch by up to a second (Sentinel, scenario 19: first grant
 //     2.3-3.1 s with the default, 2.2-2.3 s with ten per lane).
+//   - maxclients on every Redis server at least (PoolSize + 1) x the
+//     hosts that reach it: each store holds a pub/sub connection, which
+//     go-redis redials at once, while command connections are dialled on
+//     demand. Below one free connection per host, the hosts' pub/sub
+//     connections take the room and no call gets through until
+//     connections free up (scenario 23). A store whose connections Redis
+//     refuses for maxclients says so in its errors, which go-redis alone
+//     reports as a broken pipe or a timeout.
 //   - A short lease TTL (WithLeaseTTL) when fast recovery matters: a
 //     promoted replica is a new server, so the budget is quarantined for
 //     one TTL after a failover (see Failure above).

@@ -46,3 +46,7 @@ var ReplyCodes = map[string]string{
 	"R_UNREGISTERED": replyUnregistered, "R_CONFLICT": replyConflict,
 	"R_NEW_EPOCH": replyNewEpoch, "R_NO_STATE": replyNoState, "R_SESSION_GONE": replySessionGone,
 }
+
+// WithTestClocks is WithTestClock with s's own bookkeeping on own, a clock
+// that never goes back, while the scripts' time may (a Redis TIME jump).
+func WithTestClocks(scripts, own func() time.Time) Option { return withClocks(scripts, own) }

@@ -87,8 +87,11 @@ func parseGroupKey(cfgKey string) (name, key string, sharded, ok bool) {
 type group struct {
 	key     string   // shard key ("" in an unsharded budget)
 	prefix  string   // of every key of the group
-	keys    []string // KEYS of every script: the group's config hash
+	keys    []string // KEYS of every script: the group's config hash (and, on a Cluster, slotGuard)
 	channel string   // this process's wake channel in the group
+	slot    int      // the Cluster hash slot of its keys and channel
+
+	homing bool // its channel is being subscribed again (see hub.go), guarded by Store.hubMu
 
 	// Guarded by Store.mu.
 	epoch  string    // the group's epoch this store last saw; see reassert
@@ -187,10 +190,30 @@ func eachGroup(gs []*group, fn func(*group) error) error {
 	return first
 }
 
+// slotGuard names a key of every group that no script ever writes. On a
+// Cluster every call declares it beside the config key, so that while the
+// group's slot migrates Redis refuses the call whole, before the script
+// runs: the source answers TRYAGAIN while it still holds the config (some
+// declared keys there, some not) and ASK once it holds none, and the
+// target, asked, answers TRYAGAIN until the move is over (a multi-key call
+// with keys missing). A script declaring only the config key would run on
+// either side and fail at, or worse read as empty, the first key that is
+// on the other node: on the source, Redis stops it at a key that is not
+// there ("non local key") with its earlier writes kept; on the target,
+// asked, it serves keys not there yet as missing, so a call could count
+// no leases and grant above the ceiling. The calls fail only while the
+// slot is open (as long as its keys take to migrate), and go-redis and the
+// Budget retry them.
+const slotGuard = "slot-guard"
+
 // newGroup returns the group of shard key key (any key, when unsharded).
 func (s *Store) newGroup(key string) *group {
 	p := groupPrefix(s.name, s.shardKey != nil, key)
-	return &group{key: key, prefix: p, keys: []string{p + "cfg"}, channel: p + "wake:" + s.proc,
+	keys := []string{p + "cfg"}
+	if _, cluster := s.client.(*redis.ClusterClient); cluster {
+		keys = append(keys, p+slotGuard)
+	}
+	return &group{key: key, prefix: p, keys: keys, channel: p + "wake:" + s.proc, slot: slotOf(p),
 		ready: make(chan struct{}), sid: sessionID(s.proc, 0),
 		domsRenewed: make(map[string]time.Time), done: make(map[string]struct{})}
 }

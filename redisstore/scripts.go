@@ -181,13 +181,22 @@ func (s *Store) fcall(ctx context.Context, g *group, fn string, args []any) *red
 // which the budget retries within its grace.
 func (s *Store) classify(ctx context.Context, op string, err error) error {
 	if ctx.Err() != nil {
-		return ctx.Err()
+		return s.explain(ctx.Err())
 	}
 	msg := err.Error()
 	if i := strings.Index(msg, "RBINVAL "); i >= 0 {
 		return fmt.Errorf("redisstore: %s: %w: %s", op, budget.ErrInvalidRequest, trimScriptNoise(msg[i+len("RBINVAL "):]))
 	}
-	return fmt.Errorf("redisstore: %s: %w: %v", op, budget.ErrUnavailable, err)
+	return s.explain(fmt.Errorf("redisstore: %s: %w: %v", op, budget.ErrUnavailable, err))
+}
+
+// explain adds to err what this store's client saw that go-redis does
+// not report: Redis refusing new connections for maxclients (refusals.go).
+func (s *Store) explain(err error) error {
+	if err == nil || !s.refusals.recent(time.Now()) {
+		return err
+	}
+	return fmt.Errorf("%w (Redis refused new connections within the last %v: max number of clients reached)", err, refusalMemory)
 }
 
 // trimScriptNoise drops the script location Redis appends to error replies.

@@ -182,8 +182,9 @@ func TestStaleCopyQuarantinesFirstGrant(t *testing.T) {
 			got <- time.Time{}
 			return
 		}
-		got <- time.Now()
-		l.Release()
+		at := time.Now()
+		l.Release() // before the send: the test checks usage after it
+		got <- at
 	}()
 	// Within the quarantine (one TTL) the holder re-asserts its lease, so
 	// the other host must wait for the release, however long that is.
@@ -209,5 +210,48 @@ func TestStaleCopyQuarantinesFirstGrant(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("not admitted after the release")
 	}
+	expectIdle(t, holder)
+}
+
+// TestReassertRetiresWhatTheHostReleased: Redis comes back from a snapshot
+// taken before a host released one lease and finished another's request
+// (as a replica promoted before it got those retires would). The host still
+// holds the other lease's body and keeps its session alive, so nothing
+// would expire the stale counts: its re-assertion states what it holds,
+// and what Redis counts beyond that is retired.
+func TestReassertRetiresWhatTheHostReleased(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	const ttl = 900 * time.Millisecond
+	holder := open(t, c, "released", slots(2), ttl)
+	other := open(t, srv.Client(t), "released", slots(2), ttl)
+	a := dom("a")
+	withBody := get(a)
+	withBody.OpensBody = true
+	kept := mustAcquire(t, holder, withBody)
+	gone := mustAcquire(t, holder, get(a))
+	if err := c.Save(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	gone.Release()
+	kept.CompleteRequest() // the body stays open
+	srv.Kill()
+	srv.Restart(t) // counts 2 in flight again, both the holder's
+	l, err := other.Acquire(within(t, 10*ttl), get(a))
+	if err != nil {
+		t.Fatalf("the slots the holder gave back never came back: %v", err)
+	}
+	du := domainOf(usage(t, holder), a)
+	if du.InFlight[budget.OpGet] != 1 || du.OpenBodies != 1 {
+		t.Errorf("after the re-assertion: %+v, want 1 in flight (the other host's) and the holder's body", du)
+	}
+	select {
+	case <-kept.Lost():
+		t.Error("the kept lease was declared lost")
+	default:
+	}
+	l.Release()
+	kept.Release()
 	expectIdle(t, holder)
 }

@@ -36,7 +36,14 @@ func WithLeaseTTL(d time.Duration) Option { return func(s *Store) { s.ttl = d } 
 // instead of time.Now: tests step one fake time for the scripts and the
 // in-process store alike. Production never sets it: hosts with skewed
 // clocks must share one budget, which only Redis TIME gives them.
-func withClock(now func() time.Time) Option { return func(s *Store) { s.clock = now } }
+func withClock(now func() time.Time) Option { return func(s *Store) { s.clock, s.own = now, now } }
+
+// withClocks is withClock with the store's own bookkeeping on a clock of
+// its own: a test that steps the scripts' time back gives the store a
+// clock that never goes back, as time.Now's monotonic reading never does.
+func withClocks(scripts, own func() time.Time) Option {
+	return func(s *Store) { s.clock, s.own = scripts, own }
+}
 
 // Store is a budget.Store kept in Redis, shared by every host that opens it
 // with the same name. Build a budget on it with budget.New(limits,
@@ -51,10 +58,12 @@ type Store struct {
 	// loaded (tests of that path on Redis 7).
 	evalOnly bool
 	idle     time.Duration
+	refusals *refusalWatch    // connections Redis refused for maxclients
 	pubCmd   string           // PUBLISH, or SPUBLISH on a Cluster
 	stuck    time.Duration    // see stuckAfter (batch.go)
 	proc     string           // this process's name in wake channels
 	clock    func() time.Time // nil: Redis TIME (see withClock)
+	own      func() time.Time // nil: time.Now, for the store's bookkeeping
 
 	// shardKey spreads domains over groups (WithShardKey); nil: one group,
 	// single, for the whole budget.
@@ -132,12 +141,13 @@ func New(client redis.UniversalClient, name string, opts ...Option) (*Store, err
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	s.refusals = watchRefusals(ctx, client)
 	if err := checkEviction(ctx, client); err != nil {
-		return nil, err
+		return nil, s.explain(err)
 	}
 	var err error
 	if s.sc, err = scriptsFor(ctx, client); err != nil {
-		return nil, err
+		return nil, s.explain(err)
 	}
 	// Redis 7 runs the scripts as a function library. Where it cannot
 	// (miniredis, older servers, an ACL without FUNCTION), EVALSHA runs the
@@ -150,7 +160,7 @@ func New(client redis.UniversalClient, name string, opts ...Option) (*Store, err
 	if s.single != nil {
 		if err := s.subscribeGroup(ctx, s.single); err != nil {
 			s.closeHubs()
-			return nil, err
+			return nil, s.explain(err)
 		}
 	}
 	return s, nil
@@ -233,10 +243,10 @@ func evictionPolicy(ctx context.Context, c redis.Cmdable) string {
 }
 
 // now is the store's time for its own bookkeeping: time.Now, or the test
-// clock given with withClock.
+// clock given with withClock (withClocks: its own).
 func (s *Store) now() time.Time {
-	if s.clock != nil {
-		return s.clock()
+	if s.own != nil {
+		return s.own()
 	}
 	return time.Now()
 }

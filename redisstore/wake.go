@@ -17,6 +17,40 @@ type waiting struct {
 	cutOff   bool          // a call of it was cut off by its ctx on its way: it may still land
 }
 
+// deliver hands one wake event to the waiter it names, if it is still
+// waiting here.
+func (s *Store) deliver(payload string) {
+	id, granted, sid, age := parseWake(payload)
+	s.mu.Lock()
+	w := s.wakes[id]
+	if w != nil && granted {
+		w.granted, w.grantSid, w.grantAge = true, sid, age
+	}
+	s.mu.Unlock()
+	if w != nil {
+		select {
+		case w.wake <- struct{}{}:
+		default: // already signalled
+		}
+	}
+}
+
+// poke wakes every waiter of this process in group g, after g's channel
+// was subscribed again: wake events published meanwhile reached nobody,
+// and each waiter's call finds its grant, or its place in line.
+func (s *Store) poke(g *group) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, w := range s.wakes {
+		if w.g.channel == g.channel {
+			select {
+			case w.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
 // unwatch forgets waiter id: wake events for it are dropped from now on.
 func (s *Store) unwatch(id string) {
 	s.mu.Lock()

@@ -88,6 +88,11 @@ type crashRig struct {
 	// beforeKill, when set, runs once every host admits, and the master is
 	// killed as soon as it returns.
 	beforeKill func(ctx context.Context, live crashLive)
+	// waited also counts, as a grant after the crash, one that an Acquire
+	// called before the crash returned after the promotion: a lane that
+	// waited through the outage, granted by the promoted replica. Without
+	// it only calls made after the crash count.
+	waited bool
 }
 
 // crashLive is a run in progress, as a beforeKill hook sees it.
@@ -278,14 +283,25 @@ func runMasterCrash(t *testing.T, rig crashRig, size crashSize) {
 	killed := time.Now()
 	rig.master.Kill()
 	replicaClient := rig.replica.Client(t)
-	var promoted, switched, qStart, qEnd time.Time
+	// qEnd is the quarantine's end as first read, qLast as last read:
+	// a host's re-assertion may extend it.
+	var promoted, switched, qStart, qEnd, qLast time.Time
+	// waitedFrom is when grants to calls made before the crash count too
+	// (see crashRig.waited); zero: never.
+	waitedFrom := func() time.Time {
+		if rig.waited {
+			return promoted
+		}
+		return time.Time{}
+	}
 	deadline := killed.Add(size.wait)
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	// Poll the replica (no event announces a promotion to an outsider) until
 	// it is master, the budget has granted again and its quarantine is over,
-	// every baseline wrote again, and one more second has run under the
-	// referee; or until the wait is over.
+	// every baseline wrote again, and one more renewal interval (a host's
+	// first heartbeat after the quarantine may re-assert) and a second have
+	// run under the referee; or until the wait is over.
 	for now := time.Now(); now.Before(deadline); now = <-tick.C {
 		pctx, pcancel := context.WithTimeout(ctx, 250*time.Millisecond)
 		if promoted.IsZero() && strings.Contains(replicaClient.Info(pctx, "replication").Val(), "role:master") {
@@ -296,10 +312,8 @@ func runMasterCrash(t *testing.T, rig crashRig, size crashSize) {
 		}
 		if !promoted.IsZero() {
 			// The promoted replica's copy of the config: a new epoch means a
-			// script noticed the new server and started the quarantine,
-			// which each host's re-assertion may extend (read until the
-			// end). Both are Redis TIME in microseconds, on this machine's
-			// clock.
+			// script noticed the new server and started the quarantine.
+			// Both are Redis TIME in microseconds, on this machine's clock.
 			v, err := replicaClient.HMGet(pctx, rig.cfgKey, "epoch", "qu").Result()
 			if err == nil && len(v) == 2 {
 				e, _ := v[0].(string)
@@ -307,20 +321,23 @@ func runMasterCrash(t *testing.T, rig crashRig, size crashSize) {
 				qs, err1 := strconv.ParseInt(e, 10, 64)
 				qe, err2 := strconv.ParseInt(qu, 10, 64)
 				if e != epochBefore && err1 == nil && err2 == nil {
-					qStart, qEnd = time.UnixMicro(qs), time.UnixMicro(qe)
+					if qStart.IsZero() {
+						qStart, qEnd = time.UnixMicro(qs), time.UnixMicro(qe)
+					}
+					qLast = time.UnixMicro(qe)
 				}
 			}
 		}
 		pcancel()
 		run.mu.Lock()
-		_, granted := firstGrantAfter(run.grants, -1, killed)
+		_, granted := firstGrantAfter(run.grants, -1, killed, waitedFrom())
 		wrote := true
 		for _, bl := range rig.baselines {
 			_, ok := firstAfter(run.writes[bl.name], killed)
 			wrote = wrote && ok
 		}
 		run.mu.Unlock()
-		if granted && wrote && !qStart.IsZero() && now.After(qEnd.Add(time.Second)) &&
+		if granted && wrote && !qStart.IsZero() && now.After(qLast.Add(ttl/3+time.Second)) &&
 			(rig.switched == nil || !switched.IsZero()) {
 			break
 		}
@@ -338,13 +355,13 @@ func runMasterCrash(t *testing.T, rig crashRig, size crashSize) {
 		}
 		return d.Round(time.Millisecond).String()
 	}
-	first, granted := firstGrantAfter(run.grants, -1, killed)
+	first, granted := firstGrantAfter(run.grants, -1, killed, waitedFrom())
 	var perHostGrant, perHostStore []string
 	for h := range budgets {
-		perHostGrant = append(perHostGrant, after(firstGrantAfter(run.grants, h, killed)))
+		perHostGrant = append(perHostGrant, after(firstGrantAfter(run.grants, h, killed, waitedFrom())))
 		perHostStore = append(perHostStore, after(firstAfter(run.usage[h], killed)))
 	}
-	pause, inQuarantine, lastInQuarantine := grantPauses(run.grants, killed, end, qStart, qEnd, ttl)
+	pause, inQuarantine, lastInQuarantine := grantPauses(run.grants, killed, waitedFrom(), end, qStart, qEnd, ttl)
 	over, overFor, starts := ref.report()
 	since := func(at time.Time) string {
 		if at.IsZero() {
@@ -363,6 +380,9 @@ func runMasterCrash(t *testing.T, rig crashRig, size crashSize) {
 			quarantine += fmt.Sprintf(", the last %v after it began", lastInQuarantine.Round(time.Millisecond))
 		}
 		quarantine += ")"
+		if qLast.After(qEnd) {
+			quarantine += ", extended by re-assertions to " + since(qLast)
+		}
 	}
 	firstGrant := after(first, granted)
 	if granted && !promoted.IsZero() {
@@ -439,14 +459,16 @@ func crashLane(ctx context.Context, host int, b *budget.Budget, req budget.Reque
 }
 
 // firstGrantAfter returns how long after t0 the first grant on host (any
-// host when negative) to an Acquire called after t0 came. Counting only
-// calls made after the crash rules out a grant the old master made just
-// before it died whose reply was read just after.
-func firstGrantAfter(gs []crashGrant, host int, t0 time.Time) (time.Duration, bool) {
+// host when negative) to an Acquire called after t0 came, or returned
+// after also (when not zero). Counting only calls made after the crash
+// rules out a grant the old master made just before it died whose reply
+// was read just after; a grant returned after the promotion cannot be one.
+func firstGrantAfter(gs []crashGrant, host int, t0, also time.Time) (time.Duration, bool) {
 	var first time.Duration
 	found := false
 	for _, g := range gs {
-		if (host < 0 || g.host == host) && g.issued.After(t0) && (!found || g.at.Sub(t0) < first) {
+		counts := g.issued.After(t0) || !also.IsZero() && g.at.After(also)
+		if (host < 0 || g.host == host) && counts && (!found || g.at.Sub(t0) < first) {
 			first, found = g.at.Sub(t0), true
 		}
 	}
@@ -454,7 +476,7 @@ func firstGrantAfter(gs []crashGrant, host int, t0 time.Time) (time.Duration, bo
 }
 
 // grantPauses returns the longest time without a grant from the first
-// grant after t0 (see firstGrantAfter) to end, zero when there was none;
+// grant after t0 (see firstGrantAfter, with also) to end, zero when there was none;
 // how many grants returned inside the quarantine [qs, qe] later than
 // ttl/3 + 20ms into it; and how long after qs the last of them
 // returned. The allowance is for
@@ -462,8 +484,8 @@ func firstGrantAfter(gs []crashGrant, host int, t0 time.Time) (time.Duration, bo
 // release learns it from a wake message or, when that is lost (the wake
 // subscription reconnects after a failover), from its own liveness call
 // at most TTL/3 later.
-func grantPauses(gs []crashGrant, t0, end, qs, qe time.Time, ttl time.Duration) (pause time.Duration, inside int, last time.Duration) {
-	first, ok := firstGrantAfter(gs, -1, t0)
+func grantPauses(gs []crashGrant, t0, also, end, qs, qe time.Time, ttl time.Duration) (pause time.Duration, inside int, last time.Duration) {
+	first, ok := firstGrantAfter(gs, -1, t0, also)
 	ats := make([]time.Time, 0, len(gs))
 	for _, g := range gs {
 		if ok && g.at.Sub(t0) >= first {

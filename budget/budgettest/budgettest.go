@@ -639,7 +639,12 @@ func testRateAccuracy(e *env) {
 		}()
 	}
 	wg.Wait()
-	slack := e.h.ClockSlack.Seconds()
+	// A lane records its start when its goroutine runs again after the
+	// reply, which on a loaded two-core machine can come tens of
+	// milliseconds after the round trip ClockSlack allows for: starts the
+	// store spread over 40 ms were seen recorded within 2 ms. Three times
+	// the slack still catches a store that admits a burst too many.
+	slack := 3 * e.h.ClockSlack.Seconds()
 	for i := range starts {
 		for j := i; j < len(starts); j++ {
 			window := starts[j].Sub(starts[i]).Seconds()

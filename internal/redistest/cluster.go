@@ -69,6 +69,9 @@ func StartCluster(t testing.TB, masters, replicas int, opts ...Option) *Cluster 
 	if err != nil {
 		t.Fatal(err)
 	}
+	if user.movable {
+		t.Fatal("redistest: WithMovableClock applies to Start only")
+	}
 	cfg := config{cluster: true, pickPort: freePort}
 	if user.pickPort != nil {
 		cfg.pickPort = user.pickPort

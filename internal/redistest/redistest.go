@@ -127,6 +127,8 @@ type config struct {
 	// pickPort chooses a port per start attempt; tests replace it to force a
 	// bind failure.
 	pickPort func(cluster bool) (int, error)
+	// movable starts the server under libfaketime (WithMovableClock).
+	movable bool
 }
 
 // WithConfig appends redis.conf lines, for example "maxmemory 10mb",
@@ -225,8 +227,16 @@ type Server struct {
 	lines    []string
 	cluster  bool
 	args     []string // after the config file on the command line ("--sentinel")
+	// env is added to the server's environment (the libfaketime preload of
+	// WithMovableClock); nil for a plain server.
+	env []string
+	// clockFile holds the wall-clock offset libfaketime applies, rewritten
+	// before every launch so that a restart keeps the offset; "" when the
+	// clock is not movable.
+	clockFile string
 
 	mu     sync.Mutex
+	offset time.Duration // the server's wall clock minus the real one
 	port   int
 	proc   *process // the latest process; nil before the first start
 	paused bool     // SIGSTOP sent and no SIGCONT since
@@ -263,6 +273,9 @@ func Start(t testing.TB, opts ...Option) *Server {
 	s, err := newServer(t, bin, cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if cfg.movable {
+		requireMovableClock(t, s)
 	}
 	if err := s.startFresh(cfg.pickPort); err != nil {
 		t.Fatal(err)
@@ -344,6 +357,9 @@ func (s *Server) launch() error {
 	if err := os.WriteFile(s.conf, []byte(s.configText(port)), 0o600); err != nil {
 		return fmt.Errorf("redistest: write config: %w", err)
 	}
+	if err := s.writeClockFile(); err != nil {
+		return err
+	}
 	stdio, err := os.OpenFile(s.stdio, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("redistest: %w", err)
@@ -351,6 +367,9 @@ func (s *Server) launch() error {
 	// Redis reports config errors on stderr, before it opens its logfile.
 	cmd := exec.Command(s.bin, append([]string{s.conf}, s.args...)...)
 	cmd.Dir = s.dir
+	if s.env != nil {
+		cmd.Env = append(os.Environ(), s.env...)
+	}
 	cmd.Stdout = stdio
 	cmd.Stderr = stdio
 	childproc.DieWithParent(cmd) // no orphan server if the test binary crashes

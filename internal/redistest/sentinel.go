@@ -93,6 +93,9 @@ func StartSentinel(t testing.TB, replicas int, opts ...Option) *Sentinel {
 	if _, err := checkLines(user.sentinel); err != nil {
 		t.Fatal(err)
 	}
+	if user.movable {
+		t.Fatal("redistest: WithMovableClock applies to Start only")
+	}
 	pick := freePort
 	if user.pickPort != nil {
 		pick = user.pickPort
