@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/internal/dompack"
 	"github.com/runbudget/runbudget/internal/redistest"
 	"github.com/runbudget/runbudget/lease"
 	"github.com/runbudget/runbudget/luascripts"
@@ -742,6 +743,17 @@ func dumpBudget(t *testing.T, c *redis.Client, s *Store) []string {
 			v = strings.Join(m, ",")
 		default:
 			v = c.Get(ctx, k).Val()
+			if enc, ok := strings.CutPrefix(strings.TrimPrefix(k, p), "d:"); ok {
+				// A domain's queue flag says its queue may hold waiters:
+				// one set over an empty queue means the same as one clear
+				// (a retirement clears it only where it loaded the domain).
+				d, err := dompack.Decode(v, budget.NumClasses)
+				if err != nil {
+					t.Fatalf("%s: %v", k, err)
+				}
+				d.QueueMayHold = d.QueueMayHold && c.ZCard(ctx, p+"q:"+enc).Val() > 0
+				v = fmt.Sprintf("%+v", d)
+			}
 		}
 		ttl := c.PTTL(ctx, k).Val() > 0
 		out = append(out, fmt.Sprintf("%s ttl=%v %s", strings.ReplaceAll(strings.TrimPrefix(k, p), s.proc, "PROC"), ttl, strings.ReplaceAll(v, s.proc, "PROC")))

@@ -16,6 +16,7 @@ import (
 	"github.com/runbudget/runbudget/budget"
 	"github.com/runbudget/runbudget/internal/redistest"
 	"github.com/runbudget/runbudget/redisstore"
+	"github.com/runbudget/runbudget/test/history"
 )
 
 // 22. Redis's clock jumps: the server's wall clock (TIME, and with it key
@@ -28,7 +29,11 @@ import (
 // one Acquire (no waiter stuck until the clock catches up, on a slot or on
 // the bucket); no lane's lease lost (a live holder keeps its session
 // through the jump); the dead host's slot back within L + H + slack, as in
-// scenario 1; usage back to zero.
+// scenario 1; usage back to zero; every host's history checked (porcupine
+// Ok, nothing above the ceiling, grants in arrival order), with a jump that
+// started a new epoch declared a state loss up to its quarantine's end.
+// The recorders read this process's clock, which does not jump (only the
+// server's does), so their intervals hold across every jump.
 //
 // Cases: back by minutes; forward by 20 s (past half a TTL, short of the
 // far-jump bound of an eighth of the idle TTL, 37.5 s here: the group
@@ -87,16 +92,22 @@ type jumpLane struct {
 // two for the short lanes.
 const jumpSlots = 4
 
-// jumpHost is one host of scenario 22: a rate the lanes reach, so a bucket
-// that stopped refilling shows, and the ceiling.
-func jumpHost(t *testing.T, c *redis.Client, name string) *budget.Budget {
+// jumpLimits: a rate the lanes reach, so a bucket that stopped refilling
+// shows, and the ceiling.
+func jumpLimits() budget.Limits {
+	return budget.Limits{RequestsPerSecond: 2000, Burst: 20, InFlight: map[budget.OpClass]int{budget.OpGet: jumpSlots}}
+}
+
+// jumpHost is one host of scenario 22, recording its history into recs.
+func jumpHost(t *testing.T, c *redis.Client, name string, recs *[]*history.Recorder) *budget.Budget {
 	t.Helper()
 	s, err := redisstore.New(c, name, redisstore.WithLeaseTTL(faultL))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := budget.New(budget.Limits{RequestsPerSecond: 2000, Burst: 20, InFlight: map[budget.OpClass]int{budget.OpGet: jumpSlots}},
-		budget.WithStore(s), budget.WithUnavailableGrace(time.Hour))
+	rec := history.NewRecorder(s, "h"+strconv.Itoa(len(*recs)))
+	*recs = append(*recs, rec)
+	b, err := budget.New(jumpLimits(), budget.WithStore(rec), budget.WithUnavailableGrace(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,9 +125,12 @@ func clockJump(t *testing.T, jumps []time.Duration) {
 	srv := redistest.Start(t, redistest.WithMovableClock())
 	name := "f22-" + strings.ReplaceAll(t.Name(), "/", "-")
 	ref := startReferee(t, func(string) int { return slots })
-	var bs []*budget.Budget
+	var (
+		bs   []*budget.Budget
+		recs []*history.Recorder // every host's, the dying ones' too
+	)
 	for range hosts {
-		bs = append(bs, jumpHost(t, srv.Client(t), name))
+		bs = append(bs, jumpHost(t, srv.Client(t), name, &recs))
 	}
 	smp := startSampler(t, srv.Client(t), name, []budget.Domain{faultDomain(0)}, slots)
 
@@ -130,7 +144,7 @@ func clockJump(t *testing.T, jumps []time.Duration) {
 	// is heard from only by heartbeats, every H, as a holder of long
 	// requests would be. The other lanes hold briefly and keep the line
 	// moving on the other slots.
-	holder := jumpHost(t, srv.Client(t), name)
+	holder := jumpHost(t, srv.Client(t), name, &recs)
 	for h, b := range append(bs, holder) {
 		n, hold := lanes, 5*time.Millisecond
 		if b == holder {
@@ -162,10 +176,13 @@ func clockJump(t *testing.T, jumps []time.Duration) {
 	time.Sleep(phase) // load before the first jump
 	var notes []string
 	var reclaims []time.Duration // per jump: the dead host's slot back after its death
+	var losses []history.Window  // per jump that started a new epoch: to its quarantine's end
+	var dead []*budget.Budget    // the dying hosts
 	for _, off := range jumps {
 		// The host that dies: it takes a slot in line, like any lane.
 		dc := srv.Client(t)
-		dying := jumpHost(t, dc, name)
+		dying := jumpHost(t, dc, name, &recs)
+		dead = append(dead, dying)
 		actx, acancel := context.WithTimeout(context.Background(), 5*time.Second)
 		dl, err := dying.Acquire(actx, budget.Request{Domains: []budget.Domain{faultDomain(0)}, Class: budget.OpGet, Consumer: "dying"})
 		acancel()
@@ -173,6 +190,7 @@ func clockJump(t *testing.T, jumps []time.Duration) {
 			t.Fatalf("the dying host's Acquire: %v", err)
 		}
 		epoch := c.HGet(context.Background(), p+"cfg", "epoch").Val()
+		jumped := time.Now() // the jump comes during SetClockOffset
 		if err := srv.SetClockOffset(off); err != nil {
 			t.Fatal(err)
 		}
@@ -210,6 +228,14 @@ func clockJump(t *testing.T, jumps []time.Duration) {
 			now, _ := c.Time(context.Background()).Result()
 			end := time.Duration(toInt(v[1])-(now.UnixMicro()+toInt(v[0]))) * time.Microsecond
 			note += fmt.Sprintf(" (ended %v after it)", (time.Since(at) + end).Round(time.Millisecond))
+			// Keys may have expired apart at the jump (leases dropped,
+			// places in line lost), and arrival order holds again only
+			// after the quarantine: a state loss, declared up to the
+			// quarantine's end on this machine's clock (group time less
+			// the group's offset, read just now), with scenario 20's
+			// margin.
+			losses = append(losses, history.Window{Domains: []budget.Domain{faultDomain(0)}, From: jumped,
+				To: time.Now().Add(end + 10*time.Millisecond)})
 		}
 		notes = append(notes, note)
 	}
@@ -275,6 +301,21 @@ func clockJump(t *testing.T, jumps []time.Duration) {
 	}
 	expectZeroUsage(t, bs[0], faultL+slack)
 	expectKeysHaveTTL(t, c, name)
+
+	// Closed first, so every cancellation and retirement is made and the
+	// history is whole. A dying host's lease was never retired: it stays
+	// open, given back at some time after its grant.
+	for _, b := range append(append(bs, holder), dead...) {
+		b.Close()
+	}
+	var hs []history.History
+	for _, r := range recs {
+		hs = append(hs, r.History())
+	}
+	res := checkHistory(t, history.Merge(hs...), history.Options{Limits: jumpLimits(), Losses: losses})
+	if err := res.Err(); err != nil {
+		t.Error(err)
+	}
 }
 
 // jumpLaneRun acquires, reports to the referee, holds and releases until

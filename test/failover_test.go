@@ -88,6 +88,9 @@ type crashRig struct {
 	// beforeKill, when set, runs once every host admits, and the master is
 	// killed as soon as it returns.
 	beforeKill func(ctx context.Context, live crashLive)
+	// store, when set, wraps host h's store (a history recorder): the
+	// host's Budget is built on what it returns.
+	store func(h int, s budget.Store) budget.Store
 	// waited also counts, as a grant after the crash, one that an Acquire
 	// called before the crash returned after the promotion: a lane that
 	// waited through the outage, granted by the promoted replica. Without
@@ -170,10 +173,14 @@ func runMasterCrash(t *testing.T, rig crashRig, size crashSize) {
 	run := &crashRun{usage: map[int][]time.Time{}, writes: map[string][]time.Time{}}
 
 	var budgets []*budget.Budget
-	for _, c := range rig.hosts {
-		s, err := redisstore.New(c, name, redisstore.WithLeaseTTL(ttl))
+	for h, c := range rig.hosts {
+		rs, err := redisstore.New(c, name, redisstore.WithLeaseTTL(ttl))
 		if err != nil {
 			t.Fatal(err)
+		}
+		var s budget.Store = rs
+		if rig.store != nil {
+			s = rig.store(h, s)
 		}
 		// The grace outlasts the run: a lane rides the whole outage in one
 		// Acquire call, and any error it returns is a failure.

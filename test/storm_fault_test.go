@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"maps"
 	"net"
 	"os"
 	"slices"
@@ -23,6 +24,7 @@ import (
 	"github.com/runbudget/runbudget/budget"
 	"github.com/runbudget/runbudget/internal/redistest"
 	"github.com/runbudget/runbudget/redisstore"
+	"github.com/runbudget/runbudget/test/history"
 )
 
 // 23. Connection storm (issue 16): every host of a run reconnects at once
@@ -47,8 +49,8 @@ import (
 // project's slack they are reported instead of judged. The bars that hold
 // whatever the scheduling (Redis never above the ceiling, no grant without
 // a lease in Redis, errors that wrap ErrUnavailable or ctx's and carry no
-// secret, every host admitted in the end, nothing left behind) always
-// are.
+// secret, every host admitted in the end, nothing left behind, and every
+// host's history checked with the storm declared an outage) always are.
 func TestFault23ConnectionStorm(t *testing.T) {
 	schedule(t)
 	sz := stormSizes()
@@ -123,7 +125,8 @@ func TestFault23ConnectionStorm(t *testing.T) {
 	}
 	var (
 		hostsMu sync.Mutex
-		all     []*host // every host built, closed at the end
+		all     []*host             // every host built, closed at the end
+		recs    []*history.Recorder // every host's, kept after the close
 	)
 	closeAll := func() {
 		hostsMu.Lock()
@@ -142,6 +145,10 @@ func TestFault23ConnectionStorm(t *testing.T) {
 		wg.Wait()
 	}
 	t.Cleanup(closeAll)
+	var hostSeq atomic.Int64 // names the recorders
+	// Above each recorder: the store's time of every grant, read on a
+	// connection the storm spares (see boundGrants).
+	clock := &grantClock{c: checker, prefix: "rb:{" + hex.EncodeToString([]byte(name)) + "}:", at: map[string]time.Time{}}
 	newHost := func(user string) (*host, error) {
 		c := client(user)
 		s, err := redisstore.New(c, name, redisstore.WithLeaseTTL(stormL))
@@ -149,7 +156,8 @@ func TestFault23ConnectionStorm(t *testing.T) {
 			c.Close()
 			return nil, err
 		}
-		b, err := budget.New(faultLimits(slots), budget.WithStore(s), budget.WithUnavailableGrace(grace))
+		rec := history.NewRecorder(s, user+"/"+strconv.Itoa(int(hostSeq.Add(1))))
+		b, err := budget.New(faultLimits(slots), budget.WithStore(clock.wrap(rec)), budget.WithUnavailableGrace(grace))
 		if err != nil {
 			c.Close()
 			return nil, err
@@ -157,6 +165,7 @@ func TestFault23ConnectionStorm(t *testing.T) {
 		h := &host{c: c, b: b}
 		hostsMu.Lock()
 		all = append(all, h)
+		recs = append(recs, rec)
 		hostsMu.Unlock()
 		return h, nil
 	}
@@ -364,6 +373,7 @@ func TestFault23ConnectionStorm(t *testing.T) {
 	// connection cut, and every host asking at once.
 	room := sz.room(need)
 	rejected0 := info("stats", "rejected_connections")
+	outageFrom := time.Now()
 	if err := admin.ConfigSet(ctx, "maxclients", strconv.Itoa(room)).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -454,6 +464,7 @@ func TestFault23ConnectionStorm(t *testing.T) {
 	if err := admin.ConfigSet(ctx, "maxclients", strconv.Itoa(roomy)).Err(); err != nil {
 		t.Errorf("raising maxclients: %v", err) // not Fatal: the hosts' goroutines run until they give up
 	}
+	outageTo := time.Now()
 	phase.Store(2)
 	storm.Wait()
 	wall := time.Since(stormAt)
@@ -492,6 +503,29 @@ func TestFault23ConnectionStorm(t *testing.T) {
 	waitFor(t, "hosts' connections closed", 10*time.Second, func() bool {
 		return info("clients", "connected_clients") <= ops
 	})
+	// Every host closed, so every cancellation and retirement is made. The
+	// storm refused calls but Redis kept its state: an outage, from the
+	// drop of maxclients to the raise. A waiter in line during it may have
+	// lost its place (its liveness calls refused), so arrival order is not
+	// asked across it; ceilings hold throughout.
+	hostsMu.Lock()
+	var hs []history.History
+	for _, r := range recs {
+		hs = append(hs, r.History())
+	}
+	hostsMu.Unlock()
+	hist := history.Merge(hs...)
+	bounded, after := boundGrants(&hist, clock.times())
+	figure(t, "history: %d grants bounded below by the store's time of the grant (read from the lease's record); %d of them recorded later than the reply that reported them",
+		bounded, after)
+	if after > 0 {
+		t.Errorf("%d grants made, by the store's clock, after their holder was told of them", after)
+	}
+	hres := checkHistory(t, hist, history.Options{Limits: faultLimits(slots),
+		Outages: []history.Window{{From: outageFrom, To: outageTo}}})
+	if err := hres.Err(); err != nil {
+		t.Error(err)
+	}
 
 	errMu.Lock()
 	defer errMu.Unlock()
@@ -577,6 +611,98 @@ func TestFault23ConnectionStorm(t *testing.T) {
 			t.Logf("not judged, this process's timers fired up to %v late (slack %v): %s", stall.Round(time.Millisecond), slack, u)
 		}
 	}
+}
+
+// grantClock notes when the store made each grant. Put between a Budget
+// and its recorder, it reads the lease's record on a grant's reply, after
+// the recorder has timed the call and before the Budget can give the lease
+// back (a grant that comes as its caller gives up is cancelled at once).
+type grantClock struct {
+	c      *redis.Client // on a connection the storm spares
+	prefix string        // the budget's keys
+
+	mu sync.Mutex
+	at map[string]time.Time // lease ID -> the store's time of its grant
+}
+
+// wrap returns s with grants timed.
+func (g *grantClock) wrap(s budget.Store) budget.Store { return &grantTimed{Store: s, g: g} }
+
+func (g *grantClock) times() map[string]time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return maps.Clone(g.at)
+}
+
+type grantTimed struct {
+	budget.Store
+	g *grantClock
+}
+
+func (s *grantTimed) TryAcquire(ctx context.Context, id string, req budget.Request) (budget.Attempt, error) {
+	att, err := s.Store.TryAcquire(ctx, id, req)
+	if err == nil && att.Outcome == budget.Granted {
+		if at, ok := s.g.read(id); ok {
+			s.g.mu.Lock()
+			s.g.at[id] = at
+			s.g.mu.Unlock()
+		}
+	}
+	return att, err
+}
+
+// read returns the time of lease id's grant on this machine's wall clock:
+// the record's granted field ("<hr><hb> <class> <granted> ...", group time
+// in us) less the group's clock offset (absent: none). False when the
+// record is gone or unreadable.
+func (g *grantClock) read(id string) (time.Time, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	v, err := g.c.HGet(ctx, g.prefix+"lx", id).Result()
+	if err != nil {
+		return time.Time{}, false
+	}
+	f := strings.Fields(v)
+	if len(f) < 3 {
+		return time.Time{}, false
+	}
+	at, err := strconv.ParseInt(f[2], 10, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	co, err := g.c.HGet(ctx, g.prefix+"cfg", "co").Int64()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return time.Time{}, false
+	}
+	return time.UnixMicro(at - co), true
+}
+
+// boundGrants moves the start of each grant in h whose store time is in at
+// up to that time, less a millisecond (the recorder's allowance for the
+// store's clock). The recorder alone starts a grant made by another host's
+// release at the waiter's last call answered "wait": in the storm, up to
+// a second or more before it, with hundreds of such intervals overlapping
+// on a ceiling of 8, which porcupine's search cannot get through (it gave
+// Unknown after a minute). The store's record bounds the grant from below
+// (Redis TIME, this machine's clock, read by the script that made it), so
+// the check only gets stricter. It returns how many grants it bounded, and
+// how many of those the store made after their reply (none can be).
+func boundGrants(h *history.History, at map[string]time.Time) (bounded, after int) {
+	for i := range h.Waiters {
+		w := &h.Waiters[i]
+		g, ok := at[w.ID]
+		if !ok || !w.Granted() {
+			continue
+		}
+		bounded++
+		from := g.Add(-time.Millisecond).UnixNano()
+		if from > w.GrantTo {
+			after++
+			continue
+		}
+		w.GrantFrom = max(w.GrantFrom, from)
+	}
+	return bounded, after
 }
 
 // stormL is the scenario's lease TTL, long enough that this process, a
