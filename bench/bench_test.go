@@ -86,7 +86,7 @@ func TestShort(t *testing.T) {
 			t.Errorf("target %s was not measured", tg.ID)
 		}
 	}
-	for _, id := range []string{"P1a.d1", "P1b.d1", "P1c.d1", "P1a.d4", "P2a", "P2b", "P3", "P4a", "P4b", "P4c",
+	for _, id := range []string{"P1a.d1", "P1b.d1", "P1c.d1", "P1a.d4", "P2a", "P2b", "P3", "P3r", "P4a", "P4b", "P4c",
 		"P5", "P5b", "P6.g1", "P6.g64", "P7a", "P7b", "P8a", "P8b", "scale", "Scale.cpu_flat", "Scale.cmds_flat", "Scale.local", "Scale.errors"} {
 		if targets[id] == nil {
 			t.Errorf("target %s is missing", id)
@@ -150,5 +150,22 @@ func TestStatsSince(t *testing.T) {
 	}
 	if d.total() != 12 {
 		t.Errorf("total = %d, want 12", d.total())
+	}
+}
+
+func TestScriptOps(t *testing.T) {
+	for _, tc := range []struct {
+		args []any
+		want int64
+	}{
+		{[]any{"ping"}, 0},
+		{[]any{"evalsha", "abc", 1, "k"}, 1},
+		{[]any{"fcall", "rb_x_acquire", 1, "k", "PUBLISH", "1000", ""}, 1},
+		{[]any{"fcall", "rb_x_batch", 1, "k", "retire", 2, "a", "b", "acquire", 3, "a", "b", "c"}, 2},
+		{[]any{"fcall", "rb_x_batch_oom", 1, "k", "cancel", "1", "a"}, 1},
+	} {
+		if got := scriptOps(tc.args); got != tc.want {
+			t.Errorf("scriptOps(%v) = %d, want %d", tc.args, got, tc.want)
+		}
 	}
 }

@@ -4,7 +4,11 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
+	"sync/atomic"
 	"time"
+
+	"github.com/go-redis/redis_rate/v10"
 
 	"github.com/runbudget/runbudget/budget"
 )
@@ -17,6 +21,7 @@ const (
 // windowResult is what a crew did in one measured window.
 type windowResult struct {
 	done    int64         // admissions (or no-op calls) inside the window
+	ops     int64         // script operations the crew sent inside the window (budget lanes)
 	elapsed time.Duration // length of the window
 	delta   statsDelta    // commandstats over the window, our own probes taken out
 	depth   float64       // median number of waiters seen during the window
@@ -27,6 +32,11 @@ type windowResult struct {
 func (w windowResult) rate() float64 { return float64(w.done) / w.elapsed.Seconds() }
 
 func (w windowResult) per(cmd string) float64 { return float64(w.delta[cmd].Calls) / float64(w.done) }
+
+// opsPer is the script operations sent per admission. Without batching it
+// equals the script calls (commandstats); with the store's group commit a
+// call can carry several, and this counts each.
+func (w windowResult) opsPer() float64 { return float64(w.ops) / float64(w.done) }
 
 // scriptBusy is the share of the window Redis spent running scripts, in %:
 // with one Redis thread, how close the scripts came to saturating it.
@@ -124,6 +134,7 @@ func (e *env) window(ctx context.Context, c crew, total int, prefix string, want
 		return res, err
 	}
 	res.done = count(m1) - count(m0)
+	res.ops = countOps(m1) - countOps(m0)
 	res.elapsed = t1.Sub(t0)
 	res.delta = s1.since(s0)
 	// The samples' own commands are not the crew's.
@@ -166,7 +177,26 @@ func p3p4(ctx context.Context, e *env) error {
 	fNoop := e.figure(sectionFloors, "floor.evalsha.4x16", "no-op EVALSHA, 64 lanes over 4 processes", "ops/s", false)
 	fNoopCPU := e.figure(sectionFloors, "floor.evalsha.4x16.cpu", "no-op EVALSHA, 64 lanes over 4 processes: redis-server CPU", "%", false)
 	fRate := e.figure(s, "p3.rate", "admissions per second", "ops/s", false)
-	fTrips := e.figure(s, "p3.scripts", "script calls per admission", "calls", false)
+	fTrips := e.figure(s, "p3.scripts", "script calls per admission (FCALLs, batches counted once)", "calls", false)
+	fOps := e.figure(s, "p3.ops", "script operations per admission (each operation of a batch counted)", "ops", false)
+	// P3r's peer, beside P3 in every round: redis_rate on 64 goroutines of
+	// one process over 100 keys, as in P6.
+	fPeer := e.figure(sectionFloors, "peer.redis_rate.g64.p3", "redis_rate Allow (GCRA), 100 keys, 64 goroutines, beside P3", "µs", true)
+	rc := e.client(64)
+	gcra := redis_rate.NewLimiter(rc)
+	gcraLim := redis_rate.Limit{Rate: roomyRate, Burst: roomyRate, Period: time.Second}
+	gcraPrefix := e.name("p3-gcra:")
+	var ki atomic.Int64
+	allow := func(ctx context.Context) error {
+		r, err := gcra.Allow(ctx, gcraPrefix+strconv.Itoa(int(ki.Add(1)%100)), gcraLim)
+		if err == nil && r.Allowed != 1 {
+			err = fmt.Errorf("redis_rate denied a call at a rate nothing reaches")
+		}
+		return err
+	}
+	if _, _, err := timeCalls(ctx, 64, 1000, allow); err != nil { // connections and keys
+		return err
+	}
 	fBusy := e.figure(s, "p3.busy", "slots in use (leases held, sampled)", "slots", false)
 	fDepth := e.figure(s, "p3.depth", "waiters in line (sampled)", "waiters", false)
 	fScriptTime := e.figure(s, "p3.scripttime", "Redis time in scripts (commandstats usec)", "%", false)
@@ -192,30 +222,41 @@ func p3p4(ctx context.Context, e *env) error {
 			fCPU.add(Round{V: w.cpu})
 			fRate.add(Round{V: w.rate(), N: int(w.done)})
 			fTrips.add(Round{V: float64(w.delta.scripts().Calls) / float64(w.done)})
+			fOps.add(Round{V: w.opsPer()})
 			return nil
 		},
+		into(fPeer, func(ctx context.Context) (Round, error) { return measure(ctx, 64, e.sz.rcCalls64, allow) }),
 	)
 	if err != nil {
 		return err
 	}
 	// Target: admissions/s >= 60% of what the no-op rate allows at this
-	// many round trips per admission, all three from the same round.
-	var vs []float64
-	for i := range min(len(fRate.Rounds), len(fNoop.Rounds), len(fTrips.Rounds)) {
-		vs = append(vs, fRate.Rounds[i].V/(fNoop.Rounds[i].V/fTrips.Rounds[i].V))
+	// many script operations per admission, all three from the same round.
+	// Operations, not calls: a batch of n operations is one call, but not
+	// the cost of one no-op call, and counted by calls the ceiling would
+	// rise with batching as fast as admissions do. Without batching the
+	// two counts are equal, so the figure reads as it always did.
+	var vs, vr []float64
+	for i := range min(len(fRate.Rounds), len(fNoop.Rounds), len(fOps.Rounds)) {
+		vs = append(vs, fRate.Rounds[i].V/(fNoop.Rounds[i].V/fOps.Rounds[i].V))
 	}
-	e.target(perRound("P3", "admissions/s / (no-op EVALSHA/s / script calls per admission), 4 processes x 16 lanes", "x", ">=", 0.6, vs))
+	e.target(perRound("P3", "admissions/s / (no-op EVALSHA/s / script operations per admission), 4 processes x 16 lanes", "x", ">=", 0.6, vs))
+	for i := range min(len(fRate.Rounds), len(fPeer.Rounds)) {
+		vr = append(vr, fRate.Rounds[i].V/fPeer.Rounds[i].Rate)
+	}
+	e.target(perRound("P3r", "admissions/s (as P3) / redis_rate Allow/s, 64 goroutines", "x", ">=", 0.3, vr))
 
 	// P4: the cost per admission as the queue deepens. Each depth d runs
 	// d+8 lanes on the 8 slots, so that at least d wait whatever the slots
 	// do; the waiters actually in line are sampled and shown.
 	s = "P4 cost per admission with queued waiters (8 slots, 4 processes)"
-	type depthFigs struct{ scripts, cmds, pubs, depth, busy, rate *Figure }
+	type depthFigs struct{ scripts, ops, cmds, pubs, depth, busy, rate *Figure }
 	figs := map[int]*depthFigs{}
 	var steps []func(context.Context) error
 	for _, d := range e.sz.depths {
 		f := &depthFigs{
-			scripts: e.figure(s, fmt.Sprintf("p4.scripts.w%d", d), fmt.Sprintf("script calls per admission, %d+8 lanes", d), "calls", false),
+			scripts: e.figure(s, fmt.Sprintf("p4.scripts.w%d", d), fmt.Sprintf("script calls per admission (FCALLs), %d+8 lanes", d), "calls", false),
+			ops:     e.figure(s, fmt.Sprintf("p4.ops.w%d", d), fmt.Sprintf("script operations per admission, %d+8 lanes", d), "ops", false),
 			cmds:    e.figure(s, fmt.Sprintf("p4.cmds.w%d", d), fmt.Sprintf("Redis commands per admission (inside scripts too), %d+8 lanes", d), "cmds", false),
 			pubs:    e.figure(s, fmt.Sprintf("p4.pubs.w%d", d), fmt.Sprintf("wake messages per admission, %d+8 lanes", d), "msgs", false),
 			depth:   e.figure(s, fmt.Sprintf("p4.depth.w%d", d), fmt.Sprintf("waiters in line (sampled), %d+8 lanes", d), "waiters", false),
@@ -229,6 +270,7 @@ func p3p4(ctx context.Context, e *env) error {
 				return fmt.Errorf("%d waiters: %w", d, err)
 			}
 			f.scripts.add(Round{V: float64(w.delta.scripts().Calls) / float64(w.done), N: int(w.done)})
+			f.ops.add(Round{V: w.opsPer(), N: int(w.done)})
 			f.cmds.add(Round{V: float64(w.delta.total()) / float64(w.done)})
 			f.pubs.add(Round{V: w.per("publish")})
 			f.depth.add(Round{V: w.depth})
@@ -242,9 +284,11 @@ func p3p4(ctx context.Context, e *env) error {
 	}
 	var worst, flatScripts, flatCmds []float64
 	for r := range e.sz.rounds {
+		// Operations, not calls: a deeper queue lets more of them share a
+		// call (fewer calls), which is not the growth P4 looks for.
 		var sc, cm []float64
 		for _, d := range e.sz.depths {
-			sc = append(sc, figs[d].scripts.Rounds[r].V)
+			sc = append(sc, figs[d].ops.Rounds[r].V)
 			cm = append(cm, figs[d].cmds.Rounds[r].V)
 		}
 		worst = append(worst, slices.Max(sc))
@@ -252,8 +296,8 @@ func p3p4(ctx context.Context, e *env) error {
 		flatCmds = append(flatCmds, slices.Max(cm)/slices.Min(cm))
 	}
 	ds := fmt.Sprint(e.sz.depths)
-	e.target(perRound("P4a", "script calls per admission, worst of "+ds+" (+8) lanes", "", "<=", 4, worst))
-	e.target(perRound("P4b", "flat: script calls per admission, most / least over "+ds+" (+8) lanes", "x", "<=", 1.25, flatScripts))
+	e.target(perRound("P4a", "script operations per admission, worst of "+ds+" (+8) lanes", "", "<=", 4, worst))
+	e.target(perRound("P4b", "flat: script operations per admission, most / least over "+ds+" (+8) lanes", "x", "<=", 1.25, flatScripts))
 	e.target(perRound("P4c", "flat: Redis commands per admission, most / least over "+ds+" (+8) lanes", "x", "<=", 1.25, flatCmds))
 	return nil
 }

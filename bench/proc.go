@@ -58,6 +58,7 @@ type msg struct {
 	Ready bool    `json:"ready,omitempty"`
 	T     int64   `json:"t,omitempty"`     // a moment, Unix ns
 	N     int64   `json:"n,omitempty"`     // admissions (or calls) so far
+	Ops   int64   `json:"ops,omitempty"`   // script operations sent so far (budget lanes)
 	Times []int64 `json:"times,omitempty"` // when each kept lease was granted, as the lane saw it, Unix ns
 	Err   string  `json:"err,omitempty"`
 	// The scale section's Cluster workers: which budget a "go" runs on,
@@ -209,6 +210,14 @@ func count(ms []msg) int64 {
 	var n int64
 	for _, m := range ms {
 		n += m.N
+	}
+	return n
+}
+
+func countOps(ms []msg) int64 {
+	var n int64
+	for _, m := range ms {
+		n += m.Ops
 	}
 	return n
 }

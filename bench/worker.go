@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -204,6 +206,7 @@ func (w *child) lanes(ctx context.Context, c *redis.Client) error {
 		b    *budget.Budget
 		noop *redis.Script
 		err  error
+		ops  = &opCounter{}
 	)
 	if w.spec.Noop {
 		noop = redis.NewScript(noopScript)
@@ -211,6 +214,7 @@ func (w *child) lanes(ctx context.Context, c *redis.Client) error {
 			return err
 		}
 	} else {
+		c.AddHook(ops)
 		if b, err = w.budget(c); err != nil {
 			return err
 		}
@@ -238,7 +242,7 @@ func (w *child) lanes(ctx context.Context, c *redis.Client) error {
 	status := func() msg {
 		mu.Lock()
 		defer mu.Unlock()
-		m := msg{N: n.Load()}
+		m := msg{N: n.Load(), Ops: ops.n.Load()}
 		if firstErr != nil {
 			m.Err = firstErr.Error()
 		}
@@ -324,3 +328,88 @@ func releaseAll(ls []*budget.Lease) {
 
 // noopScript is the cheapest script there is: EVALSHA's own floor.
 const noopScript = "return 1"
+
+// opCounter is a go-redis hook counting the script operations a client
+// sends: one per script call, and one per operation a batch carries (the
+// store's group commit sends the calls a process queued for a group as one
+// FCALL of a batch function). Without batching the count equals the
+// script calls.
+type opCounter struct{ n atomic.Int64 }
+
+func (h *opCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *opCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(scriptOps(cmd.Args()))
+		return next(ctx, cmd)
+	}
+}
+func (h *opCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			h.n.Add(scriptOps(cmd.Args()))
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// scriptOps is the number of script operations in one command: 0 for a
+// command that runs no script, 1 for a script call, and for an FCALL of a
+// batch function the operations it carries (batchScripts).
+func scriptOps(args []any) int64 {
+	if len(args) == 0 {
+		return 0
+	}
+	name, _ := args[0].(string)
+	switch strings.ToLower(name) {
+	case "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall_ro":
+		return 1
+	case "fcall":
+	default:
+		return 0
+	}
+	if ops, ok := batchScripts(args); ok {
+		return int64(len(ops))
+	}
+	return 1
+}
+
+// batchScripts returns the script of each operation an FCALL of a batch
+// function (named "..._batch" or "..._batch_oom") carries, and false for
+// any other command. A batch's arguments are, per operation, the script's
+// name, its argument count m, then the m arguments.
+func batchScripts(args []any) ([]string, bool) {
+	if len(args) < 3 || !strings.EqualFold(fmt.Sprint(args[0]), "fcall") {
+		return nil, false
+	}
+	fn, _ := args[1].(string)
+	if !strings.HasSuffix(fn, "_batch") && !strings.HasSuffix(fn, "_batch_oom") {
+		return nil, false
+	}
+	numKeys, ok := asInt(args[2])
+	if !ok {
+		return nil, false
+	}
+	var ops []string
+	for i := 3 + numKeys; i+1 < len(args); {
+		m, ok := asInt(args[i+1])
+		if !ok {
+			break
+		}
+		ops = append(ops, fmt.Sprint(args[i]))
+		i += 2 + m
+	}
+	return ops, true
+}
+
+func asInt(v any) (int, bool) {
+	switch v := v.(type) {
+	case int:
+		return v, true
+	case int64:
+		return int(v), true
+	case string:
+		n, err := strconv.Atoi(v)
+		return n, err == nil
+	}
+	return 0, false
+}

@@ -4,7 +4,9 @@
 -- function library of this file and every such script, each a function
 -- that calls begin first. Nothing here may touch KEYS, ARGV or Redis
 -- outside a function: in a library this part runs once, at load time, and
--- the state of one call (CFG ... CANDS below) is set afresh by begin.
+-- the state of one call (CFG ... CANDS below) is set afresh by begin (the
+-- operations of one batch may share the limits, domains and time: see
+-- begin and batch.lua).
 --
 -- Conventions of every budget script:
 --   KEYS[1]  the budget's config hash, "rb:{<hex name>}:cfg". Every other key
@@ -189,7 +191,15 @@ local function id_arg(v, name)
   return v
 end
 
-local function begin(keys, argv)
+-- keep is set by a batch (batch.lua) for an operation that follows one
+-- that ended without an error, with the same common arguments: the limits
+-- and domains the previous one loaded, and its time, serve this one too.
+-- They are what Redis holds, or what this one would compute again at the
+-- same instant (a bucket refilled and not written), since every write of
+-- these scripts to the config and to a loaded domain goes through those
+-- tables (a retirement's BITFIELD touches only domains not loaded);
+-- reading them again is most of what a batch saves.
+local function begin(keys, argv, keep)
   CFG = keys[1]
   if type(CFG) ~= 'string' or string.sub(CFG, -4) ~= ':cfg' then bad('KEYS[1] must be a config key') end
   P = string.sub(CFG, 1, -4)
@@ -198,12 +208,14 @@ local function begin(keys, argv)
     bad('publish command must be PUBLISH or SPUBLISH')
   end
   IDLE = int(argv[2], 'idle ttl', 1000, 86400000 * 30)
-  LIM, CANDS, DC = nil, {}, {}
+  CANDS = {}
   -- rawget: miniredis has no struct, and refuses a read of a missing global.
   STRUCT = rawget(_G, 'struct')
   -- A given clock stands in for TIME; see ARGV[3] above.
   local t = argv[3]
   if t == nil then bad('clock argument is missing') end
+  if keep then return end
+  LIM, DC = nil, {}
   NOW, RAW = nil, nil
   if t ~= '' then RAW = int(t, 'clock', 0, 9007199254740991) end
 end

@@ -10,6 +10,8 @@
 // library (FUNCTION LOAD/FCALL, Library). A script run with EVALSHA builds
 // every helper of lib.lua again on each call, which costs more than
 // anything else an uncontended release does; a library builds them once.
+// The library also holds batch functions (batch.lua), which run several
+// calls of Batched scripts in one FCALL.
 package luascripts
 
 import (
@@ -81,19 +83,42 @@ func Source(name string) string {
 	return shebang + body
 }
 
+// Batched lists the scripts whose calls a batch may carry (see batch.lua):
+// the calls a process makes often and concurrently to one group.
+var Batched = []string{"acquire", "cancel", "retire"}
+
+// The batch functions, by their keys in Library's map: Batch (no flags,
+// refused whole when Redis is out of memory) carries any operation of
+// Batched, BatchOOM (allow-oom) only those of allow-oom scripts.
+const (
+	Batch    = "batch"
+	BatchOOM = "batch_oom"
+)
+
+// AllowOOM reports whether the named script is flagged allow-oom: it runs
+// when Redis is out of memory, since it only frees (a retirement, a
+// cancellation, a heartbeat).
+func AllowOOM(name string) bool {
+	shebang, _, _ := split(name)
+	return strings.Contains(flagsOf(shebang), "'allow-oom'")
+}
+
 // Library returns the budget scripts (those using lib.lua) as one Redis
 // function library: its name, its source for FUNCTION LOAD, and the
-// function name of each script. Names carry a hash of the source, so hosts
-// running different versions of the scripts can share a Redis, each
-// calling its own; one library is loaded once and stays.
+// function name of each script, and of the two batch functions (Batch and
+// BatchOOM). Names carry a hash of the source, so hosts running different
+// versions of the scripts can share a Redis, each calling its own; one
+// library is loaded once and stays.
 //
 // Each script becomes a function taking (KEYS, ARGV) as it would under
-// EVAL, with the flags of its shebang line.
+// EVAL, with the flags of its shebang line. Its body is also kept in a
+// table, so that a batch function can run it again for each operation it
+// carries, each after its own begin.
 func Library() (name, src string, functions map[string]string) {
 	var body strings.Builder
 	body.WriteString(lib())
 	// Loaded once and kept: what lib.lua may cache across calls.
-	body.WriteString("\nIN_LIBRARY = true\n")
+	body.WriteString("\nIN_LIBRARY = true\nlocal BODY = {}\n")
 	type entry struct{ name, flags, body string }
 	var entries []entry
 	for _, n := range Names() {
@@ -107,16 +132,35 @@ func Library() (name, src string, functions map[string]string) {
 	// a placeholder, hash, then put the tag in.
 	const placeholder = "@TAG@"
 	for _, e := range entries {
-		fmt.Fprintf(&body, "\nredis.register_function{function_name = 'rb_%s_%s', flags = {%s},\n  callback = function(KEYS, ARGV)\n%s%s\nend}\n",
-			placeholder, e.name, e.flags, beginCall, e.body)
+		fmt.Fprintf(&body, "\nBODY['%s'] = function(KEYS, ARGV)\n%s\nend\n", e.name, e.body)
+		fmt.Fprintf(&body, "redis.register_function{function_name = 'rb_%s_%s', flags = {%s},\n  callback = function(KEYS, ARGV)\n%sreturn BODY['%s'](KEYS, ARGV)\nend}\n",
+			placeholder, e.name, e.flags, beginCall, e.name)
 	}
+	b, err := files.ReadFile("batch.lua")
+	if err != nil {
+		panic("luascripts: batch.lua is missing")
+	}
+	body.WriteString("\n")
+	body.Write(b)
+	var anyOp, oomOp []string
+	for _, n := range Batched {
+		anyOp = append(anyOp, n+" = true")
+		if AllowOOM(n) {
+			oomOp = append(oomOp, n+" = true")
+		}
+	}
+	fmt.Fprintf(&body, "\nlocal BATCH_ANY = {%s}\nlocal BATCH_OOM = {%s}\n", strings.Join(anyOp, ", "), strings.Join(oomOp, ", "))
+	fmt.Fprintf(&body, "redis.register_function{function_name = 'rb_%s_%s', flags = {},\n  callback = function(KEYS, ARGV) return run_batch(KEYS, ARGV, BATCH_ANY) end}\n", placeholder, Batch)
+	fmt.Fprintf(&body, "redis.register_function{function_name = 'rb_%s_%s', flags = {'allow-oom'},\n  callback = function(KEYS, ARGV) return run_batch(KEYS, ARGV, BATCH_OOM) end}\n", placeholder, BatchOOM)
 	sum := sha1.Sum([]byte(body.String()))
 	tag := hex.EncodeToString(sum[:6])
 	name = "runbudget_" + tag
-	functions = make(map[string]string, len(entries))
+	functions = make(map[string]string, len(entries)+2)
 	for _, e := range entries {
 		functions[e.name] = "rb_" + tag + "_" + e.name
 	}
+	functions[Batch] = "rb_" + tag + "_" + Batch
+	functions[BatchOOM] = "rb_" + tag + "_" + BatchOOM
 	return name, "#!lua name=" + name + "\n" + strings.ReplaceAll(body.String(), placeholder, tag), functions
 }
 
@@ -146,13 +190,14 @@ func WithoutShebang(src string) string {
 	return "--\n" + rest
 }
 
-// Names lists the embedded scripts, lib.lua excluded, sorted.
+// Names lists the embedded scripts, sorted: not lib.lua nor batch.lua, which
+// are parts of scripts rather than scripts.
 func Names() []string {
 	entries, _ := fs.Glob(files, "*.lua")
 	var out []string
 	for _, e := range entries {
 		n := strings.TrimSuffix(e, ".lua")
-		if n != "lib" {
+		if n != "lib" && n != "batch" {
 			out = append(out, n)
 		}
 	}

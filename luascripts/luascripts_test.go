@@ -83,3 +83,34 @@ func TestRepliesUseNamedCodes(t *testing.T) {
 		}
 	}
 }
+
+// TestLibraryBatch: the batch functions are registered once each, the
+// allow-oom one only with allow-oom scripts, and every batched script is a
+// library script whose body the batch can run.
+func TestLibraryBatch(t *testing.T) {
+	_, src, fns := Library()
+	for _, b := range []string{Batch, BatchOOM} {
+		if fns[b] == "" || strings.Count(src, "function_name = '"+fns[b]+"'") != 1 {
+			t.Errorf("batch function %q not registered exactly once", b)
+		}
+	}
+	if !strings.Contains(src, "function_name = '"+fns[BatchOOM]+"', flags = {'allow-oom'}") {
+		t.Error("the allow-oom batch function is not flagged allow-oom")
+	}
+	if !strings.Contains(src, "function_name = '"+fns[Batch]+"', flags = {}") {
+		t.Error("the batch function carries flags: it must be refused out of memory")
+	}
+	for _, n := range Batched {
+		if fns[n] == "" || !strings.Contains(src, "BODY['"+n+"'] = function") {
+			t.Errorf("batched script %s is not in the library", n)
+		}
+	}
+	if !AllowOOM("retire") || !AllowOOM("cancel") || AllowOOM("acquire") {
+		t.Error("AllowOOM does not read the scripts' flags")
+	}
+	for _, n := range Names() {
+		if n == "batch" || n == "lib" {
+			t.Errorf("Names lists %s, which is not a script", n)
+		}
+	}
+}

@@ -55,6 +55,36 @@
 // that gives up (or whose call timed out) is cancelled by ID, returning any
 // grant made under it.
 //
+// # Group commit
+//
+// While one call of this process to a group is in flight, its further
+// acquire attempts (a waiter's liveness calls too), retirements and
+// cancellations for that group queue, and go together in the next call:
+// one FCALL of a batch function that runs each operation's script in turn
+// (luascripts' batch.lua), each with its own arguments, reply and error.
+// When a call returns, its caller hands the lead to the first one queued,
+// which sends the whole queue (up to 32); there is no goroutine or timer of
+// its own, and an idle group sends a call at once, alone, as before. Under
+// contention the fixed cost of a call (the round trip, both sides'
+// syscalls, the FCALL) and the reads of the limits and domains are paid
+// once per batch instead of once per operation.
+//
+// Each operation is still its own atomic step (a batch runs whole, which is
+// stronger). One refused by its script (a malformed argument) fails alone;
+// a call that fails on the network fails each of its operations with the
+// same error. A caller whose ctx ends while queued leaves the queue with
+// nothing sent; one whose operation is on its way returns ctx.Err(), as
+// after a timed-out call, and its waiter is cleaned up by ID as after a
+// lost reply. Out of memory, Redis refuses a batch that carries an
+// admitting call whole, as it would that call alone; the batch's
+// retirements and cancellations go again in an allow-oom batch function
+// and free their slots. Wake messages published by a batch's operations go
+// out when the whole batch ends. By EVALSHA nothing is batched. A call out
+// for more than 100 ms (go-redis redialling a dead master, a connection
+// that died without a reset) no longer holds up the calls behind it: the
+// next one goes beside it, with whatever is queued, except calls for the id
+// of a caller that left while its own was in that call, which wait for it.
+//
 // # Sessions, expiry and reclaim
 //
 // A lease has no deadline of its own. A process holds one session in each

@@ -107,6 +107,8 @@ type group struct {
 	domsRenewed map[string]time.Time // domains of leases held, and when a heartbeat last checked their keys
 	done        map[string]struct{}  // ids the next heartbeat cancels: see heartbeat.lua
 
+	commit committer // this process's calls to the group in flight and queued (batch.go)
+
 	ready chan struct{} // closed once the group is set up (subscribed, limits checked)
 	err   error         // why set-up failed, read after ready is closed
 }

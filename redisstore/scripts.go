@@ -151,14 +151,7 @@ func (s *Store) run(ctx context.Context, g *group, op string, sc *redis.Script, 
 	var res []string
 	var err error
 	if fn := s.lib.function(op); fn != "" {
-		res, err = s.client.FCall(ctx, fn, g.keys, args...).StringSlice()
-		// Nothing ran: load the library again and call again (a few times:
-		// it can be flushed again in between).
-		for try := 0; functionMissing(err) && try < 3; try++ {
-			if err = loadLibrary(ctx, s.client); err == nil {
-				res, err = s.client.FCall(ctx, fn, g.keys, args...).StringSlice()
-			}
-		}
+		res, err = s.fcall(ctx, g, fn, args).StringSlice()
 	} else {
 		res, err = sc.Run(ctx, s.client, g.keys, args...).StringSlice()
 	}
@@ -167,6 +160,19 @@ func (s *Store) run(ctx context.Context, g *group, op string, sc *redis.Script, 
 		return nil, s.classify(ctx, op, err)
 	}
 	return res, nil
+}
+
+// fcall calls library function fn for g, loading the library again (a few
+// times) where Redis does not have it: nothing ran then.
+func (s *Store) fcall(ctx context.Context, g *group, fn string, args []any) *redis.Cmd {
+	cmd := s.client.FCall(ctx, fn, g.keys, args...)
+	for try := 0; functionMissing(cmd.Err()) && try < 3; try++ {
+		if err := loadLibrary(ctx, s.client); err != nil {
+			return cmd
+		}
+		cmd = s.client.FCall(ctx, fn, g.keys, args...)
+	}
+	return cmd
 }
 
 // classify maps a failed call to the budget's errors: a script's refusal of

@@ -60,6 +60,7 @@ type Store struct {
 	idle     time.Duration
 	refusals *refusalWatch    // connections Redis refused for maxclients
 	pubCmd   string           // PUBLISH, or SPUBLISH on a Cluster
+	stuck    time.Duration    // see stuckAfter (batch.go)
 	proc     string           // this process's name in wake channels
 	clock    func() time.Time // nil: Redis TIME (see withClock)
 	own      func() time.Time // nil: time.Now, for the store's bookkeeping
@@ -173,6 +174,7 @@ func baseStore(client redis.UniversalClient, name string) *Store {
 		client: client,
 		name:   name,
 		ttl:    DefaultLeaseTTL,
+		stuck:  stuckAfter,
 		pubCmd: pubCommand(client),
 		groups: make(map[string]*group),
 		wakes:  make(map[string]*waiting),

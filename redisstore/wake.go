@@ -14,6 +14,7 @@ type waiting struct {
 	granted  bool          // a script granted it by handoff and said so
 	grantSid string        // the session the handoff granted it in
 	grantAge time.Duration // how much of the session's TTL the lease had spent then
+	cutOff   bool          // a call of it was cut off by its ctx on its way: it may still land
 }
 
 // deliver hands one wake event to the waiter it names, if it is still
