@@ -102,7 +102,7 @@ if not ticket then
   ticket = redis.call('HINCRBY', CFG, 'seq', 1)
   for _, d in ipairs(doms) do
     redis.call('ZADD', d.q, I(ticket), id)
-    redis.call('PEXPIRE', d.q, IDLE)
+    expire(d.q, IDLE)
   end
   redis.call('HSET', wk, 't', I(ticket), 'ds', table.concat(encs, ' '), 'ch', ch,
     'sn', sid, 'cs', consumer, 'c', I(class), 'b', I(body), 'at', I(now), 'ttl', I(ttl))
@@ -110,12 +110,12 @@ if not ticket then
 end
 -- Every call is also the waiter's liveness beat.
 deadline(P .. 'wexp', now + ttl, id)
-redis.call('PEXPIRE', P .. 'wexp', IDLE)
-redis.call('PEXPIRE', wk, IDLE)
+expire(P .. 'wexp', IDLE)
+expire(wk, IDLE)
 
 for _, d in ipairs(doms) do
   if head(d.q) ~= id then
-    if not joined then redis.call('PEXPIRE', d.q, IDLE) end
+    if not joined then expire(d.q, IDLE) end
     if joined then
       -- Usage lists the domains in doms, where dsave puts them: a domain
       -- first met by this waiter, queued behind others elsewhere, must be
