@@ -87,9 +87,13 @@ if ticket and w[2] ~= sid then redis.call('HSET', wk, 'sn', sid) end
 local joined = false -- queued by this call: its queues' TTLs are fresh
 if not ticket then
   -- First call: with nobody ahead anywhere, admit without queueing.
+  -- A queue is looked at only where its domain says it may hold waiters.
   local empty = true
   for _, d in ipairs(doms) do
-    if redis.call('EXISTS', d.q) == 1 then empty = false break end
+    if d.qf == 1 then
+      if redis.call('EXISTS', d.q) == 1 then empty = false break end
+      d.qf = 0
+    end
   end
   if empty then
     local slot, wait = check(req, doms, lim, now)
@@ -103,6 +107,7 @@ if not ticket then
   for _, d in ipairs(doms) do
     redis.call('ZADD', d.q, I(ticket), id)
     expire(d.q, IDLE)
+    d.qf = 1 -- saved on every way out below
   end
   redis.call('HSET', wk, 't', I(ticket), 'ds', table.concat(encs, ' '), 'ch', ch,
     'sn', sid, 'cs', consumer, 'c', I(class), 'b', I(body), 'at', I(now), 'ttl', I(ttl))
@@ -117,12 +122,10 @@ for _, d in ipairs(doms) do
   if head(d.q) ~= id then
     if not joined then expire(d.q, IDLE) end
     if joined then
-      -- Usage lists the domains in doms, where dsave puts them: a domain
-      -- first met by this waiter, queued behind others elsewhere, must be
-      -- saved too, or its queue would not show.
-      for _, e in ipairs(doms) do
-        if e.rx == 0 then dsave(e, now, lim) end
-      end
+      -- Each domain now says its queue may hold waiters (dsave writes
+      -- only those that changed). A domain first met by this waiter is
+      -- saved too, which lists it in doms for Usage.
+      for _, e in ipairs(doms) do dsave(e, now, lim) end
     end
     return done({R_QUEUED})
   end

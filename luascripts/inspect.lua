@@ -26,13 +26,15 @@ local out = {now = I(now), epoch = cfg[1] or '', limits = cfg[2] or '',
   domains = {}, leases = {}, waiters = {}}
 
 for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
-  if redis.call('EXISTS', P .. 'd:' .. enc) == 1 then
-    local d = dload(enc)
+  local d = dload(enc)
+  if not d.new then
     local f = factor(d, now)
+    local ql = 0
+    if d.qf == 1 then ql = redis.call('ZCARD', d.q) end
     local row = {enc = enc, b = I(d.b),
-      factor = F(f), pause_us = I(math.max(0, d.pu - now)), queue = I(redis.call('ZCARD', d.q)),
+      factor = F(f), pause_us = I(math.max(0, d.pu - now)), queue = I(ql),
       throttled = I(d.th), tokens = '', burst = '', rate = ''}
-    for _, fc in ipairs(CLASSF) do row[fc] = I(d[fc]) end
+    for c = 1, NCLASS do row['f' .. (c - 1)] = I(d.f[c]) end
     local r, burst = rate(d, now, lim)
     if r > 0 then
       refill(d, now, r, burst) -- on the local copy only; nothing is saved

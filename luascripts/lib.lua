@@ -35,10 +35,12 @@
 --                time it read, and its offset from Redis TIME, us), tl (the
 --                longest lease TTL registered, us), ce (the epoch the
 --                domains' counts must be of)
---   d:<enc>      hash: one domain's counts (f<class index>, b), bucket,
---                throttle and start rate, ep (the epoch of its counts),
---                rx (when its TTL runs out, by Redis TIME, us); zero fields
---                may be absent
+--   d:<enc>      string: one domain's counts, bucket, throttle, start rate,
+--                ep (the epoch of its counts), rx (when its TTL runs out,
+--                by Redis TIME, us) and whether its queue may hold
+--                waiters, packed in one value (see DFIX; internal/dompack
+--                reads it in Go). A build before this one kept a hash of
+--                the same fields here: it is converted where found.
 --   q:<enc>      zset: waiters of a domain, scored by arrival ticket
 --   doms         zset: domain encodings, scored by when their TTL was last
 --                set (for Usage)
@@ -107,20 +109,21 @@
 --
 -- Cost matters: on a loaded machine every command inside a script costs a
 -- microsecond or more, and every string formatted or table built a fraction
--- of one, on every admission. So TTLs of the config and domain hashes are
+-- of one, on every admission. So TTLs of the config and domain keys are
 -- renewed only when half spent (their rx field says when they run out),
--- reclaim scans only when a deadline may have passed (rc), a domain hash
--- gets only its changed fields written back, and a call loads a domain once.
+-- reclaim scans only when a deadline may have passed (rc), a domain is one
+-- value read with one GET and written only when it changed, a queue is
+-- looked at only when its domain says it may hold waiters, and a call
+-- loads a domain once.
 
 -- NCLASS, the number of operation classes, is defined by the line Source
 -- and Library put before this file, from budget's one table of classes: a
 -- class is its index there, 0 .. NCLASS-1, and nothing here names one.
--- CAPF and CLASSF are the config's ceiling fields and a domain's count
--- fields, by class index (Lua lists start at 1: class c is entry c+1).
-local CAPF, CLASSF = {}, {}
+-- CAPF are the config's ceiling fields by class index (Lua lists start at
+-- 1: class c is entry c+1, in a domain's counts d.f too).
+local CAPF = {}
 for c = 0, NCLASS - 1 do
   CAPF[c + 1] = 'c' .. c
-  CLASSF[c + 1] = 'f' .. c
 end
 
 -- Reply codes, the first field of every reply. Their values are the wire
@@ -145,6 +148,7 @@ local REAL              -- Redis's own TIME, us: RAW unless a clock was given
 local BACK              -- how far TIME went back, as this call found (us)
 local GIVEN             -- whether ARGV[3] gave the clock
 local DC                -- domains loaded by this call, by encoding
+local STRUCT            -- the struct library, nil where there is none
 
 local function bad(msg)
   error({err = 'RBINVAL ' .. msg})
@@ -153,7 +157,7 @@ end
 -- Strict decimal integer in [lo, hi]. tonumber alone would accept hex,
 -- padding, "nan" and "inf"; a NaN must never reach a comparison.
 local function int(v, name, lo, hi)
-  if type(v) ~= 'string' or not string.match(v, '^%-?%d+$') or #v > 17 then
+  if type(v) ~= 'string' or #v > 17 or not string.find(v, '^%-?%d+$') then
     bad(name .. ' is not a decimal integer')
   end
   local n = tonumber(v)
@@ -176,7 +180,7 @@ local function dec(v, name, hi)
 end
 
 local function enc_arg(v)
-  if type(v) ~= 'string' or not string.match(v, '^%-?%d+%.%x+$') then
+  if type(v) ~= 'string' or not string.find(v, '^%-?%d+%.%x+$') then
     bad('domain encoding is malformed')
   end
   return v
@@ -199,6 +203,8 @@ local function begin(keys, argv)
   end
   IDLE = int(argv[2], 'idle ttl', 1000, 86400000 * 30)
   LIM, CANDS, DC = nil, {}, {}
+  -- rawget: miniredis has no struct, and refuses a read of a missing global.
+  STRUCT = rawget(_G, 'struct')
   -- A given clock stands in for TIME; see ARGV[3] above.
   local t = argv[3]
   if t == nil then bad('clock argument is missing') end
@@ -246,10 +252,14 @@ local function real_clock()
   return REAL
 end
 
--- Every script reads the clock (and so finds a step back) before it
--- renews a key.
+-- The deadline (Unix ms) of a key renewed now for ms. Every script reads
+-- the clock (and so finds a step back) before it renews a key.
+local function expiry(ms)
+  return math.floor((real_clock() + BACK) / 1000) + ms
+end
+
 local function expire(key, ms)
-  redis.call('PEXPIREAT', key, I(math.floor((real_clock() + BACK) / 1000) + ms))
+  redis.call('PEXPIREAT', key, I(expiry(ms)))
 end
 
 -- Mirrors of budget/throttle.go. Change both together.
@@ -342,42 +352,158 @@ local function forget_limits()
   LIM, DC = nil, {}
 end
 
--- A domain's fields. CORE is read on every load; EXTRA (the throttle's
--- memory and the measured start rate) only where it can matter: on a
--- throttled domain, or one without a rate ceiling.
-local CORE = concat(CLASSF, {'b', 'bk', 'tk', 'ta', 'th', 'pu', 'ep', 'rx'}) -- rx last (dsave)
-local EXTRA = {'wm', 'da', 'bs', 'ss', 'sa', 'fs'}
-local FLOAT = {tk = true, wm = true, bs = true, ss = true}
+-- A domain is one string value holding all its fields, packed with
+-- struct.pack as big-endian 64-bit words: the layout version, DFIX's
+-- fields (qf and b as integers, the rest as doubles), then the in-flight
+-- count of each class by index, as integers. One GET and one SET instead
+-- of HMGETs of a dozen fields and an HSET of the changed ones: a field of
+-- an HMGET costs about a quarter of a microsecond inside a script here,
+-- and turning the replies into numbers as much again, while unpacking the
+-- whole value costs about that of two fields. Integers in big-endian words
+-- are what BITFIELD counts in, so a retirement changes its counts in place
+-- with one command and no unpacking (retire).
+--   qf  1 while the queue q:<enc> may hold waiters: set when one joins,
+--       cleared by a call that finds the queue empty, so a call that finds
+--       it 0 need not look at the queue. A domain whose value is missing
+--       (new, expired or lost) has its queue looked at once on load.
+--   b   open bodies                 bk  1 once the bucket is in use
+--   tk  tokens                      ta  when they were counted (us)
+--   th  1 while throttled           pu  pause end (us)
+--   rx  when the key's TTL runs out (us), as last set by a script
+--   wm, da   the throttle's factor before its last decrease, and when
+--   bs, ss, sa, fs   the start rate: base, decayed sum, last start, first
+--   ep  the epoch its counts are of (cfg ce; Clock jumps)
+local DVERSION = 2
+local DFIX = {'qf', 'b', 'bk', 'tk', 'ta', 'th', 'pu', 'rx', 'wm', 'da', 'bs', 'ss', 'sa', 'fs', 'ep'}
+-- Formats: the words before the counts, and the counts, which start at
+-- byte DCOUNTS; DLEN bytes in all. BFQ, BFB and BFC[c] are the BITFIELD
+-- offsets of qf, b and class c's count. (String concatenation only: a
+-- library's load runs without string.rep.)
+local DHFMT, DCFMT = '>i8i8i8', '>'
+for _ = 3, #DFIX do DHFMT = DHFMT .. 'd' end
+for _ = 1, NCLASS do DCFMT = DCFMT .. 'i8' end
+local DFMT = DHFMT
+for _ = 1, NCLASS do DFMT = DFMT .. 'i8' end
+local DCOUNTS = 1 + 8 * (1 + #DFIX)
+local DLEN = DCOUNTS - 1 + 8 * NCLASS
+local BFQ, BFB, BFC = '#1', '#2', {}
+for c = 1, NCLASS do BFC[c] = '#' .. (c + #DFIX) end
 
--- Loads a domain as numbers (absent fields are 0). d.o and d.x keep what
--- is stored, so dsave writes back only what changed. A call loads each
+local function dzero(d)
+  local f = {}
+  for c = 1, NCLASS do f[c] = 0 end
+  d.f = f
+  d.b, d.bk, d.tk, d.ta, d.th, d.pu, d.rx = 0, 0, 0, 0, 0, 0, 0
+  d.wm, d.da, d.bs, d.ss, d.sa, d.fs, d.qf, d.ep = 0, 0, 0, 0, 0, 0, 0, 0
+end
+
+local function spack(d)
+  return struct.pack(DFMT, DVERSION, d.qf, d.b, d.bk, d.tk, d.ta, d.th, d.pu, d.rx,
+    d.wm, d.da, d.bs, d.ss, d.sa, d.fs, d.ep, unpack(d.f))
+end
+
+-- Returns a domain table for value s (nil for a value this build cannot
+-- read), all its fields given in one constructor: a table grown field by
+-- field rehashes several times on the way.
+local function sunpack(enc, key, q, s)
+  if #s ~= DLEN then return nil end
+  local v, qf, b, bk, tk, ta, th, pu, rx, wm, da, bs, ss, sa, fs, ep = struct.unpack(DHFMT, s)
+  if v ~= DVERSION then return nil end
+  local f = {struct.unpack(DCFMT, s, DCOUNTS)}
+  f[NCLASS + 1] = nil -- the position after the counts
+  return {enc = enc, key = key, q = q, s = s, new = false, f = f, b = b, bk = bk, tk = tk, ta = ta,
+    th = th, pu = pu, rx = rx, wm = wm, da = da, bs = bs, ss = ss, sa = sa, fs = fs, qf = qf, ep = ep}
+end
+
+-- The same fields as decimal text, for servers without the struct library
+-- (miniredis); nothing else reads one server's values on another.
+local function tpack(d)
+  local out = {'t', DVERSION}
+  for i = 1, #DFIX do out[#out + 1] = F(d[DFIX[i]]) end
+  for c = 1, NCLASS do out[#out + 1] = F(d.f[c]) end
+  return table.concat(out, ' ')
+end
+
+local function tunpack(enc, key, q, s)
+  local v = {}
+  for x in string.gmatch(s, '%S+') do v[#v + 1] = x end
+  if v[1] ~= 't' or tonumber(v[2]) ~= DVERSION or #v ~= 2 + #DFIX + NCLASS then return nil end
+  local d = {enc = enc, key = key, q = q, s = s, new = false}
+  for i = 1, #DFIX do d[DFIX[i]] = tonumber(v[2 + i]) end
+  local f = {}
+  for c = 1, NCLASS do f[c] = tonumber(v[2 + #DFIX + c]) end
+  d.f = f
+  return d
+end
+
+local function DPACK(d)
+  if STRUCT then return spack(d) end
+  return tpack(d)
+end
+
+local function DUNPACK(enc, key, q, s)
+  if STRUCT then return sunpack(enc, key, q, s) end
+  return tunpack(enc, key, q, s)
+end
+
+local DFIXSET = {}
+for i = 1, #DFIX do DFIXSET[DFIX[i]] = true end
+
+-- The previous layout: a hash of the same fields (the counts as f<class
+-- index>, zero fields absent), as a build before this one wrote them.
+-- It is converted where found, keeping its TTL; the build that wrote it
+-- fails on the converted value (WRONGTYPE), so it cannot count beside
+-- this one.
+local function dconvert(d)
+  dzero(d)
+  local h = redis.call('HGETALL', d.key)
+  for i = 1, #h, 2 do
+    local n = tonumber(h[i + 1]) or 0
+    local c = string.match(h[i], '^f(%d+)$')
+    if c then
+      if tonumber(c) < NCLASS then d.f[tonumber(c) + 1] = n end
+    elseif DFIXSET[h[i]] then
+      d[h[i]] = n
+    end
+  end
+  d.qf = redis.call('EXISTS', d.q)
+  local ttl = redis.call('PTTL', d.key)
+  if ttl <= 0 then ttl = IDLE end
+  d.s = DPACK(d)
+  redis.call('SET', d.key, d.s, 'PX', I(ttl))
+end
+
+-- Loads a domain as numbers (absent: all 0, d.new set). d.s keeps what is
+-- stored, so dsave writes only when something changed. A call loads each
 -- domain once: a handoff tries several waiters, often on the same domains.
--- Whatever changes a domain hash other than through its table (retire's
--- HINCRBY) drops it from DC.
 local function dload(enc)
   local cached = DC[enc]
   if cached then return cached end
-  local key = P .. 'd:' .. enc
-  local v = redis.call('HMGET', key, unpack(CORE))
-  for i = 1, #CORE do v[i] = tonumber(v[i]) or 0 end
-  local d = {enc = enc, key = key, q = P .. 'q:' .. enc, o = v, x = false,
-    wm = 0, da = 0, bs = 0, ss = 0, sa = 0, fs = 0}
-  for i, f in ipairs(CORE) do d[f] = v[i] end
+  local key, q = P .. 'd:' .. enc, P .. 'q:' .. enc
+  -- pcall: a hash here is the previous layout's, GET's WRONGTYPE says so.
+  local s = redis.pcall('GET', key)
+  local d
+  if type(s) == 'table' then
+    if not string.find(s.err or '', '^WRONGTYPE') then error(s) end
+    d = {enc = enc, key = key, q = q}
+    dconvert(d)
+  else
+    d = s and DUNPACK(enc, key, q, s)
+    if not d then
+      -- Missing, or a value no build writes (one of a later version):
+      -- start afresh, as when a domain expires.
+      d = {enc = enc, key = key, q = q, s = false, new = true}
+      dzero(d)
+      d.qf = redis.call('EXISTS', q)
+    end
+  end
   local lim = lims()
   local stale = lim and d.ep ~= lim.ce
   if stale then
     -- Counts of an epoch before the last rebuild (Clock jumps): its
     -- leases are gone, and re-assertion counts the live ones again.
-    for _, f in ipairs(CLASSF) do d[f] = 0 end
+    for c = 1, NCLASS do d.f[c] = 0 end
     d.b, d.ep = 0, lim.ce
-  end
-  if d.th == 1 or not lim or lim.rps == 0 then
-    local e = redis.call('HMGET', key, unpack(EXTRA))
-    for i = 1, #EXTRA do
-      e[i] = tonumber(e[i]) or 0
-      d[EXTRA[i]] = e[i]
-    end
-    d.x = e
   end
   -- On the group clock no stored time lies ahead of now but a bucket held
   -- back by a pause. A domain that outlived its config may keep the times
@@ -461,30 +587,16 @@ local function measured(d, now)
   return decay(d.ss, (now - d.sa) / 1000000) / (1 - math.exp(-age / TAU))
 end
 
-local function put(out, f, x)
-  out[#out + 1] = f
-  out[#out + 1] = FLOAT[f] and F(x) or I(x)
-end
-
--- Writes back the fields of a domain that changed since dload. Its TTL must
--- let its bucket refill and its pause and start history run out, so that an
+-- Writes the domain back when it changed since dload. Its TTL must let its
+-- bucket refill and its pause and start history run out, so that an
 -- expired domain is exactly a fresh one (a hard need), and should reach an
--- idle period past its last use: it is renewed when the hard need is not
--- met or when less than half an idle period is left.
+-- idle period past its last use: it is renewed (SET PX) when the hard need
+-- is not met or when less than half an idle period is left, else the value
+-- keeps its TTL (SET KEEPTTL). lim is nil when the config is gone (a
+-- retirement can still run): then only the pause counts as a hard need.
 local function dsave(d, now, lim)
-  local out = {}
-  for i = 1, #CORE - 1 do
-    local f = CORE[i]
-    if d[f] ~= d.o[i] then put(out, f, d[f]) end
-  end
-  for i = 1, #EXTRA do
-    local f = EXTRA[i]
-    -- Unread extras were irrelevant as stored; a throttle starting on such
-    -- a domain sets them all.
-    if (d.x and d[f] ~= d.x[i]) or (not d.x and (d[f] ~= 0 or d.th == 1)) then put(out, f, d[f]) end
-  end
   local hard = 0
-  if d.bk == 1 then
+  if lim and d.bk == 1 then
     local r, burst = rate(d, now, lim)
     if r > 0 and d.tk < burst then
       hard = math.ceil((burst - d.tk) / r * 1000) + 1000
@@ -496,25 +608,16 @@ local function dsave(d, now, lim)
   local raw = raw_clock() -- the clock key TTLs run on
   local renew = d.rx < raw + hard * 1000 or d.rx < raw + IDLE * 500
   local ttl = math.max(IDLE, hard)
+  if renew then d.rx = raw + ttl * 1000 end
+  local s = DPACK(d)
   if renew then
-    d.rx = raw + ttl * 1000
-    put(out, 'rx', d.rx)
-  end
-  if #out > 0 then
-    redis.call('HSET', d.key, unpack(out))
-    -- What is stored now, for a later save by this call.
-    for i = 1, #CORE - 1 do d.o[i] = d[CORE[i]] end
-    if d.x or d.th == 1 then
-      local x = d.x or {}
-      for i = 1, #EXTRA do x[i] = d[EXTRA[i]] end
-      d.x = x
-    end
-  end
-  if renew then
-    expire(d.key, ttl)
+    redis.call('SET', d.key, s, 'PXAT', I(expiry(ttl)))
     redis.call('ZADD', P .. 'doms', I(raw), d.enc)
     expire(P .. 'doms', IDLE)
+  elseif s ~= d.s then
+    redis.call('SET', d.key, s, 'KEEPTTL')
   end
+  d.s, d.new = s, false
 end
 
 -- Renews the config hash's TTL when half of it is spent, and with it those
@@ -565,7 +668,9 @@ end
 -- (any bytes). One field instead of a hash per lease: the leases of a
 -- group share one key, so one PEXPIRE keeps them all.
 local function lease_pack(hr, hb, class, granted, sid, encs, consumer)
-  return I(hr) .. I(hb) .. ' ' .. I(class) .. ' ' .. I(granted) .. ' ' .. sid .. ' ' .. encs .. ' ' .. consumer
+  -- One format for the numbers; the strings are joined, since %s stops
+  -- at a zero byte and a consumer may hold any bytes.
+  return string.format('%d%d %d %d ', hr, hb, class, granted) .. sid .. ' ' .. encs .. ' ' .. consumer
 end
 
 local function lease_unpack(v)
@@ -668,6 +773,69 @@ local function remove_waiter(wid)
   redis.call('ZREM', P .. 'wexp', wid)
 end
 
+-- Returns a lease's parts (dr, db: its request slot, its body slot) to
+-- domain enc, class index ci, by loading and saving the domain.
+local function dreturn(enc, ci, dr, db, now, lim)
+  local d = dload(enc)
+  -- A domain outlives its leases (heartbeats renew it), so one that is
+  -- missing went with its counts (a state loss): there is nothing to
+  -- return, and nothing is written, so no key is made without cause. For
+  -- the same reason a count never goes below zero.
+  if not d.new then
+    if dr and d.f[ci] > 0 then d.f[ci] = d.f[ci] - 1 end
+    if db and d.b > 0 then d.b = d.b - 1 end
+  end
+  if d.qf == 1 then
+    local h = head(d.q)
+    if h then candidate(h) else d.qf = 0 end
+  end
+  if not d.new then dsave(d, now, lim) end
+end
+
+-- The same in place, with one BITFIELD that reads the version and qf and
+-- takes one off each count: no unpacking, no packing, no TTL change (a
+-- retirement never needs its domain's TTL renewed: the heartbeats and the
+-- grants do that). 2.4 us where loading and saving took 3.8, here. A
+-- domain this call has loaded goes through its table instead, which must
+-- stay what Redis holds.
+local function dreturn_fast(enc, ci, dr, db, now, lim)
+  if DC[enc] or not STRUCT then return dreturn(enc, ci, dr, db, now, lim) end
+  local key = P .. 'd:' .. enc
+  local r
+  if dr and db then
+    r = redis.pcall('BITFIELD', key, 'GET', 'i64', '#0', 'GET', 'i64', BFQ,
+      'INCRBY', 'i64', BFC[ci], -1, 'INCRBY', 'i64', BFB, -1)
+  elseif dr then
+    r = redis.pcall('BITFIELD', key, 'GET', 'i64', '#0', 'GET', 'i64', BFQ, 'INCRBY', 'i64', BFC[ci], -1)
+  else
+    r = redis.pcall('BITFIELD', key, 'GET', 'i64', '#0', 'GET', 'i64', BFQ, 'INCRBY', 'i64', BFB, -1)
+  end
+  if r.err then
+    -- The previous layout's hash: dload converts it.
+    if not string.find(r.err, '^WRONGTYPE') then error(r) end
+    return dreturn(enc, ci, dr, db, now, lim)
+  end
+  if r[1] ~= DVERSION then
+    -- Not this layout: BITFIELD made the key just now (it was missing), or
+    -- it holds a value of a later version. Undo, and let dreturn see it.
+    if r[1] == 0 then
+      redis.call('DEL', key)
+    elseif dr and db then
+      redis.call('BITFIELD', key, 'INCRBY', 'i64', BFC[ci], 1, 'INCRBY', 'i64', BFB, 1)
+    else
+      redis.call('BITFIELD', key, 'INCRBY', 'i64', dr and BFC[ci] or BFB, 1)
+    end
+    return dreturn(enc, ci, dr, db, now, lim)
+  end
+  -- A count below zero (its domain lost it) goes back to zero.
+  if r[3] < 0 then redis.call('BITFIELD', key, 'SET', 'i64', dr and BFC[ci] or BFB, 0) end
+  if r[4] and r[4] < 0 then redis.call('BITFIELD', key, 'SET', 'i64', BFB, 0) end
+  if r[2] == 1 then
+    local h = head(P .. 'q:' .. enc)
+    if h then candidate(h) end
+  end
+end
+
 -- Returns parts of lease lid (r, b are 0 or 1); the heads of its queues
 -- become candidates. popped says reclaim has already taken lid out of its
 -- session's set. Returns the lease's record as it was (nil when unknown).
@@ -686,26 +854,9 @@ local function retire(lid, r, b, popped)
   local dr = (r == 1 and hr == 1)
   local db = (b == 1 and hb == 1)
   if dr or db then
+    local now, lim, ci = clock(), lims(), l.c + 1
     for enc in string.gmatch(l.ds, '[^,]+') do
-      local dk = P .. 'd:' .. enc
-      DC[enc] = nil
-      -- A domain hash outlives its leases (heartbeats refresh it), so a
-      -- count below zero means the hash went with its counts (a state
-      -- loss): undo, and never leave a key this created without a TTL.
-      local fields = {}
-      if dr then fields[#fields + 1] = 'f' .. l.c end
-      if db then fields[#fields + 1] = 'b' end
-      for _, f in ipairs(fields) do
-        if redis.call('HINCRBY', dk, f, -1) < 0 then
-          if redis.call('HLEN', dk) == 1 then
-            redis.call('DEL', dk)
-          else
-            redis.call('HSET', dk, f, '0')
-          end
-        end
-      end
-      local h = head(P .. 'q:' .. enc)
-      if h then candidate(h) end
+      dreturn_fast(enc, ci, dr, db, now, lim)
     end
   end
   if dr then hr = 0 end
@@ -728,12 +879,12 @@ end
 -- Buckets are refilled on the domain tables (their only change).
 local function check(req, doms, lim, now)
   local slot, wait = false, 0
-  local cap = lim.caps[req.class + 1]
-  local fc = 'f' .. req.class
+  local ci = req.class + 1
+  local cap = lim.caps[ci]
   for _, d in ipairs(doms) do
     settle(d, now, lim)
     if now < d.pu then wait = math.max(wait, d.pu - now) end
-    if cap > 0 and d[fc] >= cap then slot = true end
+    if cap > 0 and d.f[ci] >= cap then slot = true end
     if req.body == 1 and lim.bodies > 0 and d.b >= lim.bodies then slot = true end
     local r, burst = rate(d, now, lim)
     if r > 0 then
@@ -753,9 +904,9 @@ end
 local function grant(req, doms, lim, now)
   local left = session(req.sid, req.ttl, now, req.handoff and req.id)
   if not left then return nil end
-  local fc = 'f' .. req.class
+  local ci = req.class + 1
   for _, d in ipairs(doms) do
-    d[fc] = d[fc] + 1
+    d.f[ci] = d.f[ci] + 1
     if req.body == 1 then d.b = d.b + 1 end
     if d.bk == 1 then d.tk = d.tk - 1 end
     -- The measured start rate only serves a throttle on a domain with no
@@ -771,8 +922,9 @@ local function grant(req, doms, lim, now)
     dsave(d, now, lim)
   end
   local lx = P .. 'lx'
+  local encs = req.encs
   redis.call('HSET', lx, req.id, lease_pack(1, req.body, req.class, now, req.sid,
-    table.concat(req.encs, ','), req.consumer))
+    #encs == 1 and encs[1] or table.concat(encs, ','), req.consumer))
   expire(lx, IDLE)
   join(req.sid, req.id)
   return left

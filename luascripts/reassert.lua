@@ -82,7 +82,7 @@ for _ = 1, n do
     local hr, hb = parts % 2, math.floor(parts / 2)
     for _, e in ipairs(encs) do
       local d = dload(e)
-      if hr == 1 then d['f' .. class] = d['f' .. class] + 1 end
+      if hr == 1 then d.f[class + 1] = d.f[class + 1] + 1 end
       if hb == 1 then d.b = d.b + 1 end
       dsave(d, now, lim)
     end

@@ -51,8 +51,8 @@ if replacing and lims() then
   -- the number of domains, on a rare call.
   local old = lims()
   for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
-    if redis.call('EXISTS', P .. 'd:' .. enc) == 1 then
-      local d = dload(enc)
+    local d = dload(enc)
+    if not d.new then
       settle(d, now, old)
       local r, size = rate(d, now, old)
       if r > 0 then refill(d, now, r, size) end

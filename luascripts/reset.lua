@@ -16,8 +16,8 @@ local lim = lims()
 if not lim then return {R_UNREGISTERED} end
 touch_cfg(now)
 reclaim(now)
-if redis.call('EXISTS', P .. 'd:' .. enc) == 0 then return {R_NO_STATE} end
 local d = dload(enc)
+if d.new then return {R_NO_STATE} end
 d.th, d.wm, d.da, d.bs, d.pu = 0, 0, 0, 0, 0
 if lim.rps == 0 then
   d.bk = 0
@@ -25,6 +25,8 @@ elseif d.ta > now then
   d.ta = now -- tokens stop being held back by the pause
 end
 dsave(d, now, lim)
-local h = head(d.q)
-if h then candidate(h) end
+if d.qf == 1 then
+  local h = head(d.q)
+  if h then candidate(h) end
+end
 return done({R_OK})

@@ -17,20 +17,20 @@ reclaim(now)
 local out = {R_OK, I(redis.call('ZCARD', P .. 'wexp'))}
 local doms = P .. 'doms'
 for _, enc in ipairs(redis.call('ZRANGE', doms, 0, -1)) do
-  if redis.call('EXISTS', P .. 'd:' .. enc) == 0 then
+  local d = dload(enc)
+  if d.new then
     redis.call('ZREM', doms, enc)
   else
-    local d = dload(enc)
     local f = factor(d, now)
     local pu = math.max(0, d.pu - now)
-    local ql = redis.call('ZCARD', d.q)
+    local ql = 0
+    if d.qf == 1 then ql = redis.call('ZCARD', d.q) end
     local held = d.b + ql
-    for _, fc in ipairs(CLASSF) do held = held + d[fc] end
+    for c = 1, NCLASS do held = held + d.f[c] end
     if held > 0 or f < 1 or pu > 0 then
-      local row = {enc}
-      for _, fc in ipairs(CLASSF) do row[#row + 1] = I(d[fc]) end
-      for _, x in ipairs({I(d.b), F(f), I(pu), I(ql)}) do row[#row + 1] = x end
-      for _, x in ipairs(row) do out[#out + 1] = x end
+      out[#out + 1] = enc
+      for c = 1, NCLASS do out[#out + 1] = I(d.f[c]) end
+      for _, x in ipairs({I(d.b), F(f), I(pu), I(ql)}) do out[#out + 1] = x end
     end
   end
 end

@@ -361,7 +361,7 @@ func (s *Store) Retire(ctx context.Context, id string, parts lease.Parts) error 
 
 // Heartbeat implements budget.Store: one script call per group renews this
 // process's session there, which keeps every lease of the session alive,
-// and keeps the hashes of their domains alive (the calls to different
+// and keeps the keys of their domains alive (the calls to different
 // groups run side by side). It also lists again, in one call, the groups
 // whose registry entry is due (a quarter of the idle TTL old) and that
 // this process used since.
@@ -467,7 +467,7 @@ func (s *Store) beat(ctx context.Context, g *group, ids []string, start time.Tim
 		s.mu.Unlock()
 		return ids, nil
 	}
-	// Domain hashes must outlive the leases counting in them: each is
+	// Domain keys must outlive the leases counting in them: each is
 	// checked once a quarter of the idle TTL (its TTL is renewed when less
 	// than half is left), not on every beat.
 	var encs []string

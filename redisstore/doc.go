@@ -93,12 +93,18 @@
 // past its session's deadline. Hosts of this version and older ones (with
 // a deadline per lease) keep leases in different keys, so they must not
 // share a budget: a rolling upgrade needs a new budget name, or a stop.
+// The same holds for the packed domain keys (one string per domain, where
+// builds before it kept a hash): this build converts a domain hash it
+// finds, counts and TTL kept, so a budget left by an older build (stopped
+// first) carries on; an older host still running fails closed on a
+// converted domain (Redis answers WRONGTYPE, which it reports as
+// ErrUnavailable) rather than counting beside this one.
 //
 // Keys expire after max(20 x TTL, 5 min) without use, so an idle budget
 // leaves nothing behind; a domain's key lives at least until its bucket is
 // full again, so an expired domain is exactly a fresh one. Idle TTLs are
 // renewed when half spent rather than on every touch; those of a
-// session's keys and of the domain hashes its leases count in, by a
+// session's keys and of the domain keys its leases count in, by a
 // heartbeat once a quarter of the idle TTL: on a loaded machine each
 // command inside a script costs a microsecond or more.
 //

@@ -3,7 +3,7 @@ package redisstore
 import "time"
 
 // AgeRenewals makes every group of s look as if its heartbeats had last
-// renewed the idle TTLs of its session's keys and domain hashes d earlier,
+// renewed the idle TTLs of its session's keys and domain keys d earlier,
 // as they would after a long hold.
 func AgeRenewals(s *Store, d time.Duration) {
 	s.mu.Lock()

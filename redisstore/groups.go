@@ -104,7 +104,7 @@ type group struct {
 	sid         string               // the session's id: the process's name and gen
 	renewed     time.Time            // Redis keeps the session alive at least a TTL from this moment
 	keysRenewed time.Time            // when a heartbeat last renewed the idle TTLs of the session's keys
-	domsRenewed map[string]time.Time // domains of leases held, and when a heartbeat last checked their hashes
+	domsRenewed map[string]time.Time // domains of leases held, and when a heartbeat last checked their keys
 	done        map[string]struct{}  // ids the next heartbeat cancels: see heartbeat.lua
 
 	ready chan struct{} // closed once the group is set up (subscribed, limits checked)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/internal/dompack"
 	"github.com/runbudget/runbudget/internal/redistest"
 	"github.com/runbudget/runbudget/redisstore"
 )
@@ -201,7 +202,10 @@ func checkLedger(t testing.TB, c *redis.Client, name string) bool {
 	}
 	ok := true
 	for _, e := range c.ZRange(ctx, p+"doms", 0, -1).Val() {
-		got, _ := c.HGet(ctx, p+"d:"+e, "f2").Int()
+		got := 0
+		if d, err := dompack.Decode(c.Get(ctx, p+"d:"+e).Val(), budget.NumClasses); err == nil {
+			got = d.InFlight[budget.OpGet.Index()]
+		}
 		if got != perDomain[e] {
 			t.Logf("domain %s counts %d, live leases %d", e, got, perDomain[e])
 			ok = false

@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/internal/dompack"
 	"github.com/runbudget/runbudget/internal/redistest"
 	"github.com/runbudget/runbudget/redisstore"
 	"github.com/runbudget/runbudget/test/history"
@@ -136,14 +137,18 @@ func runLostWrites(t *testing.T, rig crashRig, size crashSize, pins int, pinClie
 	masterClient, replicaClient := rig.master.Client(t), readerOf(t, rig.replica)
 	// inFlight is the domain's count of get leases, -1 when unreadable.
 	inFlight := func(ctx context.Context, c *redis.Client) int {
-		n, err := c.HGet(ctx, domKey, "f2").Int()
+		v, err := c.Get(ctx, domKey).Result()
 		switch {
 		case errors.Is(err, redis.Nil):
-			return 0 // a class's count: absent is 0
+			return 0 // a domain not stored counts nothing
 		case err != nil:
 			return -1
 		}
-		return n
+		d, err := dompack.Decode(v, budget.NumClasses)
+		if err != nil {
+			return -1
+		}
+		return d.InFlight[budget.OpGet.Index()]
 	}
 
 	var recorders []*history.Recorder // the rig's hosts'

@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/internal/dompack"
 )
 
 // referee counts what workers say they hold, outside the faulted path. A
@@ -215,7 +216,8 @@ func startSampler(t testing.TB, c redis.UniversalClient, name string, domains []
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 			for _, k := range keys {
-				if n, err := c.HGet(ctx, k, "f2").Int(); err == nil {
+				if d, err := dompack.Decode(c.Get(ctx, k).Val(), budget.NumClasses); err == nil {
+					n := d.InFlight[budget.OpGet.Index()]
 					s.mu.Lock()
 					s.max = max(s.max, n-ceiling)
 					s.n++
