@@ -106,7 +106,7 @@ if not ticket then
   ticket = redis.call('HINCRBY', CFG, 'seq', 1)
   for _, d in ipairs(doms) do
     redis.call('ZADD', d.q, I(ticket), id)
-    redis.call('PEXPIRE', d.q, IDLE)
+    expire(d.q, IDLE)
     d.qf = 1 -- saved on every way out below
   end
   redis.call('HSET', wk, 't', I(ticket), 'ds', table.concat(encs, ' '), 'ch', ch,
@@ -115,12 +115,12 @@ if not ticket then
 end
 -- Every call is also the waiter's liveness beat.
 deadline(P .. 'wexp', now + ttl, id)
-redis.call('PEXPIRE', P .. 'wexp', IDLE)
-redis.call('PEXPIRE', wk, IDLE)
+expire(P .. 'wexp', IDLE)
+expire(wk, IDLE)
 
 for _, d in ipairs(doms) do
   if head(d.q) ~= id then
-    if not joined then redis.call('PEXPIRE', d.q, IDLE) end
+    if not joined then expire(d.q, IDLE) end
     if joined then
       -- Each domain now says its queue may hold waiters (dsave writes
       -- only those that changed). A domain first met by this waiter is

@@ -27,7 +27,7 @@ for i = 1, #leases, 2 do
     retire(leases[i], 1, 1)
     local sd = P .. 'sd:' .. l.sid
     redis.call('SADD', sd, leases[i])
-    redis.call('PEXPIRE', sd, IDLE)
+    expire(sd, IDLE)
     n = n + 1
   end
 end

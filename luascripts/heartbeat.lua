@@ -68,13 +68,13 @@ redis.call('ZADD', sexp, I(now + ttl), sid)
 -- A renewal with a shorter TTL than before can move a deadline earlier.
 lower_rc(now + ttl)
 if renew == 1 then
-  redis.call('PEXPIRE', sexp, IDLE)
-  redis.call('PEXPIRE', P .. 'sl:' .. sid, IDLE)
-  redis.call('PEXPIRE', P .. 'lx', IDLE)
+  expire(sexp, IDLE)
+  expire(P .. 'sl:' .. sid, IDLE)
+  expire(P .. 'lx', IDLE)
 end
 for _, enc in ipairs(encs) do
   local dk = P .. 'd:' .. enc
-  if redis.call('PTTL', dk) < IDLE / 2 then redis.call('PEXPIRE', dk, IDLE) end
+  if redis.call('PTTL', dk) < IDLE / 2 then expire(dk, IDLE) end
 end
 local out = {R_OK}
 for _, id in ipairs(redis.call('SMEMBERS', sd)) do out[#out + 1] = id end

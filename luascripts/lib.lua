@@ -85,7 +85,8 @@
 -- latest time the group read (cfg lt, kept within STEP):
 --   - earlier than lt: TIME went back. The offset grows by the difference,
 --     and the group's time goes on from lt as if nothing had happened. The
---     config's TTL is renewed with the keys it vouches for (touch_cfg).
+--     next call renews the config's TTL with the keys it vouches for
+--     (touch_cfg); this one may have started before the step (expire).
 --   - more than J past lt (half the longest lease TTL), with leases held:
 --     every live holder beats at least every third of a TTL, so nobody
 --     was heard from in two thirds of the time they beat in. Either every
@@ -145,6 +146,9 @@ local R_SESSION_GONE = '-4' -- acquire, heartbeat: the session named is dead
 local CFG, P, PUB, IDLE -- config key, key prefix, publish command, idle TTL (ms)
 local NOW, LIM, CANDS   -- the call's group time, limits, handoff candidates
 local RAW               -- the call's Redis TIME (or the clock given), us
+local REAL              -- Redis's own TIME, us: RAW unless a clock was given
+local BACK              -- how far TIME went back, as this call found (us)
+local GIVEN             -- whether ARGV[3] gave the clock
 local DC                -- domains loaded by this call, by encoding
 local STRUCT            -- the struct library, nil where there is none
 
@@ -216,8 +220,8 @@ local function begin(keys, argv, keep)
   if t == nil then bad('clock argument is missing') end
   if keep then return end
   LIM, DC = nil, {}
-  NOW, RAW = nil, nil
-  if t ~= '' then RAW = int(t, 'clock', 0, 9007199254740991) end
+  NOW, RAW, REAL, BACK, GIVEN = nil, nil, nil, 0, t ~= ''
+  if GIVEN then RAW = int(t, 'clock', 0, 9007199254740991) end
 end
 
 -- Integers and floats are formatted explicitly: redis.call would turn a Lua
@@ -237,6 +241,38 @@ local function raw_clock()
   return RAW
 end
 local clock -- defined with the group clock, after what it needs
+
+-- Key TTLs. Redis 7.0 judges expiry inside a script by the time the script
+-- started, while TIME and a relative PEXPIRE read the clock as it is. So a
+-- script that runs while the clock steps back by more than a TTL renews a
+-- key to expire before the instant it judges by, and its next access to
+-- the key deletes it (scenario 22 lost the config, lease records and
+-- sessions that way). expire sets the deadline from this call's TIME
+-- instead, read once at its start: never before the instant the script
+-- judges by. A call that found TIME gone back may have started before the
+-- step, so it adds the step (BACK). A clock given in ARGV[3] stands in for
+-- TIME in the scripts' arithmetic only: deadlines are set on Redis's own.
+local function real_clock()
+  if not REAL then
+    if GIVEN then
+      local t = redis.call('TIME')
+      REAL = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    else
+      REAL = raw_clock()
+    end
+  end
+  return REAL
+end
+
+-- The deadline (Unix ms) of a key renewed now for ms. Every script reads
+-- the clock (and so finds a step back) before it renews a key.
+local function expiry(ms)
+  return math.floor((real_clock() + BACK) / 1000) + ms
+end
+
+local function expire(key, ms)
+  redis.call('PEXPIREAT', key, I(expiry(ms)))
+end
 
 -- Mirrors of budget/throttle.go. Change both together.
 local BETA = 0.7
@@ -587,9 +623,9 @@ local function dsave(d, now, lim)
   if renew then d.rx = raw + ttl * 1000 end
   local s = DPACK(d)
   if renew then
-    redis.call('SET', d.key, s, 'PX', I(ttl))
+    redis.call('SET', d.key, s, 'PXAT', I(expiry(ttl)))
     redis.call('ZADD', P .. 'doms', I(raw), d.enc)
-    redis.call('PEXPIRE', P .. 'doms', IDLE)
+    expire(P .. 'doms', IDLE)
   elseif s ~= d.s then
     redis.call('SET', d.key, s, 'KEEPTTL')
   end
@@ -599,15 +635,25 @@ end
 -- Renews the config hash's TTL when half of it is spent, and with it those
 -- of the lease records, sessions and domain list: while the config lives,
 -- they do, so a config that outlived a clock jump vouches for them (Clock
--- jumps). Key TTLs run on Redis TIME, not the group clock.
+-- jumps). Key TTLs run on Redis TIME, not the group clock. A call that
+-- found TIME gone back leaves it to the next call, which surely started
+-- after the step (expire): it would set the config no shorter a TTL.
 local function touch_cfg()
   local lim = lims()
+  if not lim then return end
+  if BACK > 0 then
+    if lim.rx ~= 0 then
+      lim.rx = 0
+      redis.call('HSET', CFG, 'rx', '0')
+    end
+    return
+  end
   local raw = raw_clock()
-  if lim and lim.rx < raw + IDLE * 500 then
+  if lim.rx < raw + IDLE * 500 then
     lim.rx = raw + IDLE * 1000
     redis.call('HSET', CFG, 'rx', I(lim.rx))
-    redis.call('PEXPIRE', CFG, IDLE)
-    for _, k in ipairs({'lx', 'sexp', 'doms'}) do redis.call('PEXPIRE', P .. k, IDLE) end
+    expire(CFG, IDLE)
+    for _, k in ipairs({'lx', 'sexp', 'doms'}) do expire(P .. k, IDLE) end
   end
 end
 
@@ -675,7 +721,7 @@ local function session(sid, ttl, now, wid)
   end
   redis.call('ZADD', sx, I(at), sid)
   if not d then
-    redis.call('PEXPIRE', sx, IDLE)
+    expire(sx, IDLE)
     lower_rc(at)
   end
   return at - now
@@ -685,7 +731,7 @@ end
 local function join(sid, id)
   local sl = P .. 'sl:' .. sid
   redis.call('SADD', sl, id)
-  redis.call('PEXPIRE', sl, IDLE)
+  expire(sl, IDLE)
 end
 
 -- Ends session sid, whose leases are all retired: its name goes to sgone
@@ -695,7 +741,7 @@ local function end_session(sid, now)
   redis.call('ZREM', P .. 'sexp', sid)
   redis.call('ZADD', gone, I(now), sid)
   redis.call('ZREMRANGEBYSCORE', gone, '-inf', I(now - IDLE * 1000))
-  redis.call('PEXPIRE', gone, IDLE)
+  expire(gone, IDLE)
   redis.call('DEL', P .. 'sd:' .. sid)
 end
 
@@ -891,7 +937,7 @@ local function grant(req, doms, lim, now)
   local encs = req.encs
   redis.call('HSET', lx, req.id, lease_pack(1, req.body, req.class, now, req.sid,
     #encs == 1 and encs[1] or table.concat(encs, ','), req.consumer))
-  redis.call('PEXPIRE', lx, IDLE)
+  expire(lx, IDLE)
   join(req.sid, req.id)
   return left
 end
@@ -1124,7 +1170,8 @@ local function group_clock(raw)
   local rebuild = false
   local back = false
   if lt > 0 and now < lt then
-    co = co + (lt - now)
+    BACK = lt - now
+    co = co + BACK
     now = lt
     back = true
   elseif lt > 0 and now - lt > j and redis.call('EXISTS', P .. 'lx') == 1 then
@@ -1147,9 +1194,9 @@ local function group_clock(raw)
   if #f > 0 then redis.call('HSET', CFG, unpack(f)) end
   if back then
     -- Keys renewed from now on expire earlier, by Redis's clock, than
-    -- the config renewed before: renew it, and the keys it vouches for,
-    -- with them, so that the config still never outlives the records.
-    lim.rx = 0
+    -- the config renewed before: the next call renews it, and the keys it
+    -- vouches for, with them (touch_cfg), so that the config still never
+    -- outlives the records.
     touch_cfg()
   end
   if rebuild then new_epoch(now, tl, true) end

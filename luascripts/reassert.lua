@@ -50,7 +50,7 @@ if n > 0 then
   local d = tonumber(redis.call('ZSCORE', sexp, sid))
   if not d or d <= now then
     redis.call('ZADD', sexp, I(now + ttl), sid)
-    redis.call('PEXPIRE', sexp, IDLE)
+    expire(sexp, IDLE)
     lower_rc(now + ttl)
     if not d then redis.call('ZREM', P .. 'sgone', sid) end
   end
@@ -92,8 +92,8 @@ for _ = 1, n do
   end
 end
 if put > 0 then
-  redis.call('PEXPIRE', lx, IDLE)
-  redis.call('PEXPIRE', P .. 'sl:' .. sid, IDLE)
+  expire(lx, IDLE)
+  expire(P .. 'sl:' .. sid, IDLE)
   -- Counts were missing these leases. If the budget was re-created by a
   -- host that could not know of the loss (it joined after it), nothing is
   -- quarantined yet: hold new grants until this host's holders are back. A
@@ -114,7 +114,7 @@ if not last then
     end
     redis.call('HSET', ra, unpack(args))
   end
-  redis.call('PEXPIRE', ra, IDLE)
+  expire(ra, IDLE)
   return done({R_OK, I(put)})
 end
 -- The last call: retire what the session holds in Redis but not on the
