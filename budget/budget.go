@@ -286,14 +286,15 @@ func (b *Budget) wait(ctx context.Context, id string, req Request, mem int64) (*
 		if err == nil && att.Outcome == Granted {
 			grantedAt := sent.Add(-att.GrantedAgo)
 			if err = ctx.Err(); err == nil {
-				if b.keeper == nil || b.now().Sub(grantedAt) < b.store.LeaseTTL() {
+				if b.keeper == nil || b.now().Sub(grantedAt) < b.keeper.LostAfter() {
 					return b.track(b.newLease(id, req, mem), grantedAt), nil
 				}
-				// Collected a TTL or more after the store made it (this
-				// process stalled, or the reply came that late): nothing
-				// renewed it meanwhile, so the store may already have
-				// reclaimed its slots and given them to others. Give it
-				// back and queue again, as a new waiter.
+				// Collected so long after the store made it (this process
+				// stalled, or the reply came that late) that the keeper
+				// would declare it lost at once: nothing renewed it
+				// meanwhile, so the store may already have reclaimed its
+				// slots and given them to others. Give it back and queue
+				// again, as a new waiter.
 				b.abandon(id)
 				id = b.newID()
 				continue

@@ -39,14 +39,17 @@ func (e *PartialError) Unwrap() error { return e.Err }
 // interval, and tells a holder through Lost() when its lease is gone.
 //
 // A lease is declared lost when the store reports it missing, or when no
-// renewal has been confirmed for a whole TTL counted from the moment the last
-// confirmed renewal was sent. The store's expiry is never earlier than that
-// moment plus the TTL, so the holder hears of the loss no later than the store
-// acts on it.
+// renewal has been confirmed for LostAfter (the TTL less a margin) counted
+// from the moment the last confirmed renewal was sent. The store's expiry is
+// never earlier than that moment plus the TTL, so the holder hears of the
+// loss before the store can act on it, by the margin: on a loaded host the
+// keeper's timer and the holder's goroutine run late, and without it the
+// store could give the slot away a few microseconds before the holder
+// stops (seen in the fault suite under load).
 type Keeper struct {
-	r        Renewer
-	ttl      time.Duration
-	interval time.Duration
+	r         Renewer
+	lostAfter time.Duration
+	interval  time.Duration
 	now      func() time.Time
 	onLost   func(id string)
 
@@ -74,7 +77,7 @@ func WithClock(now func() time.Time) KeeperOption {
 }
 
 // WithLostHook makes the keeper call f with a lease's ID each time it marks
-// one of its leases lost (the store no longer has it, it went a TTL
+// one of its leases lost (the store no longer has it, it went LostAfter
 // unrenewed, or Stop found it still held). f runs on the keeper's goroutine
 // (or Stop's) and must not block.
 func WithLostHook(f func(id string)) KeeperOption {
@@ -90,9 +93,9 @@ func NewKeeper(r Renewer, ttl time.Duration, opts ...KeeperOption) (*Keeper, err
 		return nil, errors.New("lease: keeper TTL must be at least 3ms")
 	}
 	k := &Keeper{
-		r:        r,
-		ttl:      ttl,
-		interval: ttl / 3,
+		r:         r,
+		lostAfter: ttl - lossMargin(ttl),
+		interval:  ttl / 3,
 		now:      time.Now,
 		leases:   make(map[string]*Lease),
 		track:    make(chan struct{}, 1),
@@ -108,6 +111,19 @@ func NewKeeper(r Renewer, ttl time.Duration, opts ...KeeperOption) (*Keeper, err
 
 // Interval is the time between two renewals.
 func (k *Keeper) Interval() time.Duration { return k.interval }
+
+// LostAfter is how long a lease may go without a confirmed renewal before
+// the keeper declares it lost: the TTL less a tenth of it, at most 250ms.
+// Two renewals a third of a TTL apart may fail before that; a third that
+// fails, or one that comes late by more than the margin, costs the lease.
+func (k *Keeper) LostAfter() time.Duration { return k.lostAfter }
+
+// lossMargin is how much earlier than the store the keeper gives a lease
+// up: enough for a timer and a goroutine that run late on a busy host, and
+// a garbage collection, while short next to the TTL.
+func lossMargin(ttl time.Duration) time.Duration {
+	return min(ttl/10, 250*time.Millisecond)
+}
 
 // Track adds l to the renewals. sentAt is when the call that created the
 // lease in the store was sent: the store's expiry counts from after it.
@@ -164,7 +180,7 @@ func (k *Keeper) Stop() {
 }
 
 // run beats every interval, and also wakes at the earliest moment a lease
-// would go a whole TTL unrenewed: a lease granted between two beats must not
+// would go LostAfter unrenewed: a lease granted between two beats must not
 // be declared lost up to an interval after the store already expired it.
 func (k *Keeper) run() {
 	defer close(k.done)
@@ -203,7 +219,7 @@ func (k *Keeper) nextExpiry() (time.Time, bool) {
 	var next time.Time
 	for _, l := range k.leases {
 		l.mu.Lock()
-		d, held := l.renewed.Add(k.ttl), l.held != 0 && !l.isLost
+		d, held := l.renewed.Add(k.lostAfter), l.held != 0 && !l.isLost
 		l.mu.Unlock()
 		if held && (next.IsZero() || d.Before(next)) {
 			next = d
@@ -213,13 +229,13 @@ func (k *Keeper) nextExpiry() (time.Time, bool) {
 }
 
 // expire marks lost every held lease whose last confirmed renewal was sent
-// a whole TTL ago: the store has expired it, or is about to.
+// LostAfter ago: the store is about to expire it.
 func (k *Keeper) expire(now time.Time) {
 	k.mu.Lock()
 	var gone []*Lease
 	for _, l := range k.leases {
 		l.mu.Lock()
-		if now.Sub(l.renewed) >= k.ttl {
+		if now.Sub(l.renewed) >= k.lostAfter {
 			gone = append(gone, l)
 		}
 		l.mu.Unlock()
@@ -233,7 +249,7 @@ func (k *Keeper) expire(now time.Time) {
 
 // Beat runs one renewal round now: it retries retirements the store did not
 // confirm, renews every lease still held in one Heartbeat call, and marks lost
-// the leases the store no longer has or that went a whole TTL unrenewed. It is
+// the leases the store no longer has or that went LostAfter unrenewed. It is
 // exported so tests and tools can drive renewals without waiting.
 func (k *Keeper) Beat(ctx context.Context) {
 	now := k.now()
@@ -247,7 +263,7 @@ func (k *Keeper) Beat(ctx context.Context) {
 	renew := make([]*Lease, 0, len(all))
 	for _, l := range all {
 		l.mu.Lock()
-		expired := now.Sub(l.renewed) >= k.ttl
+		expired := now.Sub(l.renewed) >= k.lostAfter
 		lost := l.isLost
 		pending := l.pending
 		l.pending = 0

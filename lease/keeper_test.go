@@ -231,21 +231,21 @@ func TestKeeperReleasedDuringBeatIsNotLost(t *testing.T) {
 }
 
 // TestKeeperLostAfterTTLWithoutRenewal: with every Heartbeat failing, a lease
-// is declared lost once a whole TTL has passed since the last renewal that
-// was confirmed, counted from when it was sent, and not before.
+// is declared lost once LostAfter has passed since the last renewal that was
+// confirmed, counted from when it was sent, and not before.
 func TestKeeperLostAfterTTLWithoutRenewal(t *testing.T) {
 	t.Run("never renewed", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			s := &fakeStore{failBeat: true}
 			k := keeper(t, s)
 			l := track(k, s, "L", 1)[0]
-			advance(ttl - time.Nanosecond)
+			advance(k.LostAfter() - time.Nanosecond)
 			if isClosed(l.Lost()) {
-				t.Fatalf("lost before a TTL passed")
+				t.Fatalf("lost before LostAfter passed")
 			}
 			advance(time.Nanosecond)
 			if !isClosed(l.Lost()) {
-				t.Fatalf("not lost a whole TTL after the grant with every renewal failing")
+				t.Fatalf("not lost LostAfter after the grant with every renewal failing")
 			}
 			if k.Len() != 0 {
 				t.Errorf("Len() = %d, want the lost lease untracked", k.Len())
@@ -262,35 +262,55 @@ func TestKeeperLostAfterTTLWithoutRenewal(t *testing.T) {
 			l := track(k, s, "L", 1)[0]
 			advance(2 * time.Second) // renewals sent at 1s and 2s are confirmed
 			s.set(func(s *fakeStore) { s.failBeat = true })
-			advance(ttl - time.Nanosecond)
+			advance(k.LostAfter() - time.Nanosecond)
 			if isClosed(l.Lost()) {
-				t.Fatalf("lost before a TTL passed since the last confirmed renewal")
+				t.Fatalf("lost before LostAfter passed since the last confirmed renewal")
 			}
 			advance(time.Nanosecond)
 			if !isClosed(l.Lost()) {
-				t.Fatalf("not lost a TTL after the last confirmed renewal")
+				t.Fatalf("not lost LostAfter after the last confirmed renewal")
 			}
 		})
 	})
 }
 
-// TestKeeperLostNoLaterThanStoreExpiry guards the Keeper's documented promise
-// that a holder hears of a loss no later than the store acts on it. A lease
+// TestKeeperLostAfter: the keeper gives a lease up a tenth of the TTL
+// before the store's expiry, at most 250ms before it.
+func TestKeeperLostAfter(t *testing.T) {
+	for _, tc := range []struct{ ttl, want time.Duration }{
+		{30 * time.Millisecond, 27 * time.Millisecond},
+		{500 * time.Millisecond, 450 * time.Millisecond},
+		{time.Second, 900 * time.Millisecond},
+		{3 * time.Second, 2750 * time.Millisecond},
+		{15 * time.Second, 14750 * time.Millisecond},
+	} {
+		k, err := lease.NewKeeper(&fakeStore{}, tc.ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := k.LostAfter(); got != tc.want {
+			t.Errorf("TTL %v: LostAfter() = %v, want %v", tc.ttl, got, tc.want)
+		}
+		k.Stop()
+	}
+}
+
+// TestKeeperLostBeforeStoreExpiry guards the Keeper's documented promise
+// that a holder hears of a loss before the store acts on it. A lease
 // granted between two ticks expires in the store at grant + TTL; with every
-// renewal failing, the keeper must have closed Lost() by then, or the holder
-// works on while the store hands its slot to someone else.
-//
-// It fails today (bug: loss is only checked on the tick grid, so it is
-// declared up to one interval after the store's expiry).
-func TestKeeperLostNoLaterThanStoreExpiry(t *testing.T) {
+// renewal failing, the keeper must have closed Lost() a margin before then,
+// or a holder whose goroutine runs late works on while the store hands its
+// slot to someone else. (Loss was once checked only on the tick grid, so it
+// came up to an interval after the store's expiry.)
+func TestKeeperLostBeforeStoreExpiry(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := &fakeStore{failBeat: true}
 		k := keeper(t, s)
 		advance(k.Interval() / 2)
 		l := track(k, s, "L", 1)[0]
-		advance(ttl)
+		advance(ttl - 250*time.Millisecond)
 		if !isClosed(l.Lost()) {
-			t.Errorf("the store expired the lease at grant + TTL, but Lost() is still open then")
+			t.Errorf("the store expires the lease at grant + TTL, but Lost() is still open 250ms before")
 		}
 	})
 }

@@ -576,11 +576,13 @@ func TestFault07RedisKilled(t *testing.T) {
 	if graceTook < grace || graceTook > grace+slack {
 		t.Errorf("ErrUnavailable after %v, want about %v", graceTook, grace)
 	}
-	// Lost fires L after the last renewal sent before the kill; a renewal
-	// sent just before it leaves the timer's own firing and scheduling
-	// delay (measured: up to half a millisecond over L) as the only excess.
-	if lostAfter > faultL+50*time.Millisecond {
-		t.Errorf("lease declared lost %v after the kill, bar L = %v (+50ms timer latency)", lostAfter, faultL)
+	// Lost fires the keeper's LostAfter (L less a tenth) after the last
+	// renewal sent before the kill, which is no later than the kill: before
+	// Redis could have expired the lease, with the margin for a timer that
+	// fires late on a loaded machine (one fired 77ms late here before the
+	// margin existed).
+	if lostAfter > faultL {
+		t.Errorf("lease declared lost %v after the kill, bar L = %v", lostAfter, faultL)
 	}
 	held.Release()
 	srv.Restart(t)

@@ -34,6 +34,7 @@ type referee struct {
 	peak      map[string]int
 	overSince map[string]time.Time
 	overFor   time.Duration
+	overAt    []time.Time // when each time above a ceiling began
 	starts    int
 	arrived   map[string]time.Time // lane -> arrival of its current request
 	grants    []grant              // one per first start after an arrival
@@ -101,6 +102,7 @@ func (r *referee) serve(c net.Conn) {
 			if r.held[res] > r.ceiling(res) {
 				if _, ok := r.overSince[res]; !ok {
 					r.overSince[res] = now
+					r.overAt = append(r.overAt, now)
 				}
 			}
 		case "E":
@@ -133,6 +135,13 @@ func (r *referee) report() (overshoot int, over time.Duration, starts int) {
 		overshoot = max(overshoot, p-r.ceiling(res))
 	}
 	return overshoot, r.overFor, r.starts
+}
+
+// overStarts returns when each time above a ceiling began.
+func (r *referee) overStarts() []time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.overAt)
 }
 
 // inversions counts pairs granted against arrival order, where the earlier
