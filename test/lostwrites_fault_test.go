@@ -152,17 +152,21 @@ func runLostWrites(t *testing.T, rig crashRig, size crashSize, pins int, pinClie
 	}
 
 	var recorders []*history.Recorder // the rig's hosts'
+	// Above each recorder: the store's time of every grant (see
+	// boundGrants), read through the pins' client, which follows the
+	// master.
+	clock := newGrantClock(pinClient, "crash")
 	rig.store = func(h int, s budget.Store) budget.Store {
 		r := history.NewRecorder(s, "h"+strconv.Itoa(h))
 		recorders = append(recorders, r)
-		return r
+		return clock.wrap(r)
 	}
 	s, err := redisstore.New(pinClient, "crash", redisstore.WithLeaseTTL(lostTTL))
 	if err != nil {
 		t.Fatal(err)
 	}
 	pinRec := history.NewRecorder(s, "pins")
-	pinHost, err := budget.New(faultLimits(size.ceiling), budget.WithStore(pinRec), budget.WithUnavailableGrace(time.Hour))
+	pinHost, err := budget.New(faultLimits(size.ceiling), budget.WithStore(clock.wrap(pinRec)), budget.WithUnavailableGrace(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -410,7 +414,14 @@ func runLostWrites(t *testing.T, rig crashRig, size crashSize, pins int, pinClie
 	}
 	opt := history.Options{Limits: faultLimits(size.ceiling), Losses: []history.Window{
 		{Domains: []budget.Domain{faultDomain(0)}, From: rec.killed, To: lossEnd}}}
-	if err := checkHistory(t, history.Merge(hs...), opt).Err(); err != nil {
+	hist := history.Merge(hs...)
+	bounded, after := boundGrants(&hist, clock.times())
+	figure(t, "history: %d grants bounded below by the store's time of the grant (read from the lease's record); %d of them recorded later than the reply that reported them",
+		bounded, after)
+	if after > 0 {
+		t.Errorf("%d grants made, by the store's clock, after their holder was told of them", after)
+	}
+	if err := checkHistory(t, hist, opt).Err(); err != nil {
 		t.Error(err)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"maps"
 	"net"
 	"os"
 	"slices"
@@ -148,7 +147,7 @@ func TestFault23ConnectionStorm(t *testing.T) {
 	var hostSeq atomic.Int64 // names the recorders
 	// Above each recorder: the store's time of every grant, read on a
 	// connection the storm spares (see boundGrants).
-	clock := &grantClock{c: checker, prefix: "rb:{" + hex.EncodeToString([]byte(name)) + "}:", at: map[string]time.Time{}}
+	clock := newGrantClock(checker, name)
 	newHost := func(user string) (*host, error) {
 		c := client(user)
 		s, err := redisstore.New(c, name, redisstore.WithLeaseTTL(stormL))
@@ -613,97 +612,6 @@ func TestFault23ConnectionStorm(t *testing.T) {
 	}
 }
 
-// grantClock notes when the store made each grant. Put between a Budget
-// and its recorder, it reads the lease's record on a grant's reply, after
-// the recorder has timed the call and before the Budget can give the lease
-// back (a grant that comes as its caller gives up is cancelled at once).
-type grantClock struct {
-	c      *redis.Client // on a connection the storm spares
-	prefix string        // the budget's keys
-
-	mu sync.Mutex
-	at map[string]time.Time // lease ID -> the store's time of its grant
-}
-
-// wrap returns s with grants timed.
-func (g *grantClock) wrap(s budget.Store) budget.Store { return &grantTimed{Store: s, g: g} }
-
-func (g *grantClock) times() map[string]time.Time {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return maps.Clone(g.at)
-}
-
-type grantTimed struct {
-	budget.Store
-	g *grantClock
-}
-
-func (s *grantTimed) TryAcquire(ctx context.Context, id string, req budget.Request) (budget.Attempt, error) {
-	att, err := s.Store.TryAcquire(ctx, id, req)
-	if err == nil && att.Outcome == budget.Granted {
-		if at, ok := s.g.read(id); ok {
-			s.g.mu.Lock()
-			s.g.at[id] = at
-			s.g.mu.Unlock()
-		}
-	}
-	return att, err
-}
-
-// read returns the time of lease id's grant on this machine's wall clock:
-// the record's granted field ("<hr><hb> <class> <granted> ...", group time
-// in us) less the group's clock offset (absent: none). False when the
-// record is gone or unreadable.
-func (g *grantClock) read(id string) (time.Time, bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	v, err := g.c.HGet(ctx, g.prefix+"lx", id).Result()
-	if err != nil {
-		return time.Time{}, false
-	}
-	f := strings.Fields(v)
-	if len(f) < 3 {
-		return time.Time{}, false
-	}
-	at, err := strconv.ParseInt(f[2], 10, 64)
-	if err != nil {
-		return time.Time{}, false
-	}
-	co, err := g.c.HGet(ctx, g.prefix+"cfg", "co").Int64()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return time.Time{}, false
-	}
-	return time.UnixMicro(at - co), true
-}
-
-// boundGrants moves the start of each grant in h whose store time is in at
-// up to that time, less a millisecond (the recorder's allowance for the
-// store's clock). The recorder alone starts a grant made by another host's
-// release at the waiter's last call answered "wait": in the storm, up to
-// a second or more before it, with hundreds of such intervals overlapping
-// on a ceiling of 8, which porcupine's search cannot get through (it gave
-// Unknown after a minute). The store's record bounds the grant from below
-// (Redis TIME, this machine's clock, read by the script that made it), so
-// the check only gets stricter. It returns how many grants it bounded, and
-// how many of those the store made after their reply (none can be).
-func boundGrants(h *history.History, at map[string]time.Time) (bounded, after int) {
-	for i := range h.Waiters {
-		w := &h.Waiters[i]
-		g, ok := at[w.ID]
-		if !ok || !w.Granted() {
-			continue
-		}
-		bounded++
-		from := g.Add(-time.Millisecond).UnixNano()
-		if from > w.GrantTo {
-			after++
-			continue
-		}
-		w.GrantFrom = max(w.GrantFrom, from)
-	}
-	return bounded, after
-}
 
 // stormL is the scenario's lease TTL, long enough that this process, a
 // thousand hosts on a shared machine, does not stall past two thirds of it
