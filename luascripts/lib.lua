@@ -954,8 +954,11 @@ local function decide(req, doms, lim, now)
   if wait > 0 then return 'wait', wait end
   local left = grant(req, doms, lim, now)
   if not left then return 'gone', 0 end
+  -- A handoff tells the waiter its session's deadline against its own
+  -- liveness deadline (try_grant), read before the waiter goes.
+  local live = req.handoff and tonumber(redis.call('ZSCORE', P .. 'wexp', req.id))
   remove_waiter(req.id)
-  return 'granted', left
+  return 'granted', left, live
 end
 
 -- The run_id of the Redis running this script, or nil where INFO is not
@@ -1059,7 +1062,7 @@ local function try_grant(wid, now)
   end
   local doms = {}
   for i, e in ipairs(req.encs) do doms[i] = dload(e) end
-  local r, left = decide(req, doms, lim, now)
+  local r, left, live = decide(req, doms, lim, now)
   if r ~= 'granted' then
     -- Keep what check refilled where the rate changes with time (a
     -- throttled domain, its factor climbing back): a refill credits the
@@ -1073,10 +1076,18 @@ local function try_grant(wid, now)
     if r == 'gone' then return 'unknown' end
     return r
   end
-  -- The message carries the grant, its session and how much of a TTL the
-  -- lease has already spent: the waiter need not call to learn it (if the
-  -- message is lost, its next call finds the lease).
-  redis.call(PUB, P .. 'wake:' .. req.ch, 'granted ' .. wid .. ' ' .. req.sid .. ' ' .. I(math.max(0, req.ttl - left)))
+  -- The message carries the grant, its session, and how much earlier than
+  -- the waiter's own liveness deadline (its latest call's time + its TTL)
+  -- the session's deadline falls: the waiter need not call to learn it (if
+  -- the message is lost, its next call finds the lease). The waiter knows
+  -- when it sent its calls, so it counts the lease's TTL from one of them,
+  -- not from the grant, which it cannot time: an age since the grant
+  -- would have to be counted from its latest call too, and so twice.
+  if not live then
+    wake(wid) -- no liveness deadline to count from: its call learns the age
+    return 'granted'
+  end
+  redis.call(PUB, P .. 'wake:' .. req.ch, 'granted ' .. wid .. ' ' .. req.sid .. ' ' .. I(math.max(0, live - now - left)))
   return 'granted'
 end
 

@@ -200,16 +200,16 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 	s.mu.Lock()
 	w := s.wakes[id]
 	if w != nil && w.granted && w.grantSid == g.sid {
-		// Granted by handoff: the script said so, no call needed. The
-		// grant came after this waiter's previous call (it was queued
-		// then), with grantAge of its session's TTL already spent: count
-		// renewals from that call, less that age, which can only be early,
-		// never late. A lost message falls back to the waiter's next call,
-		// which finds the lease. A grant into a session this store has
-		// given up since is collected by a call, which moves it into the
-		// current one.
+		// Granted by handoff: the script said so, no call needed. Its
+		// session ends short of the waiter's own liveness deadline by
+		// w.short, and that deadline is a TTL after some call Redis ran,
+		// so after liveFrom: count renewals from there, less short, which
+		// can only be early, never late. A lost message falls back to the
+		// waiter's next call, which finds the lease. A grant into a
+		// session this store has given up since is collected by a call,
+		// which moves it into the current one.
 		delete(s.wakes, id)
-		basis := w.lastCall.Add(-w.grantAge)
+		basis := w.liveFrom().Add(-w.short)
 		record(g.sid, basis)
 		s.mu.Unlock()
 		return budget.Attempt{Outcome: budget.Granted, GrantedAgo: s.now().Sub(basis)}, nil
@@ -218,10 +218,12 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		w = &waiting{g: g, wake: make(chan struct{}, 1)}
 		s.wakes[id] = w
 	}
-	w.lastCall = s.now()
+	sent := s.now()
+	if w.first.IsZero() {
+		w.first = sent
+	}
 	w.granted = false
-	g.used = w.lastCall
-	sent := w.lastCall
+	g.used = sent
 	wake := w.wake
 	sid := s.sessionLocked(g, sent)
 	s.mu.Unlock()
@@ -280,6 +282,14 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		case budget.Delayed:
 			return budget.Attempt{Outcome: budget.Delayed, Wait: r.wait, Wake: wake}, nil
 		}
+		// Queued: this call set the waiter's liveness deadline (a delay
+		// may come before it does, in a quarantine), which a handoff's
+		// grant counts from.
+		s.mu.Lock()
+		if sent.After(w.answered) {
+			w.answered = sent
+		}
+		s.mu.Unlock()
 		return budget.Attempt{Outcome: budget.Queued, Wake: wake}, nil
 	}
 	return budget.Attempt{}, fmt.Errorf("redisstore: acquire: %w: budget config or session keeps disappearing", budget.ErrUnavailable)

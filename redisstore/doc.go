@@ -120,7 +120,13 @@
 // A grant joins the session without renewing it, unless less than two
 // thirds of a TTL is left, and reports as the lease's age the part of the
 // session's TTL already spent, so a keeper never counts a lease alive
-// past its session's deadline. Hosts of this version and older ones (with
+// past its session's deadline. A handoff (below) extends the session no
+// further than the waiter's own liveness deadline, a TTL after its latest
+// call, and reports how far short of that deadline the session ends: the
+// waiter counts from a call it sent, which it can time, where an age since
+// the grant would have to be counted from that call as well, twice (under
+// load a waiter last heard of a third of a TTL before its grant got a
+// lease its keeper gave up at once, or refused as stale). Hosts of this version and older ones (with
 // a deadline per lease) keep leases in different keys, so they must not
 // share a budget: a rolling upgrade needs a new budget name, or a stop.
 // The same holds for the packed domain keys (one string per domain, where
@@ -149,9 +155,9 @@
 // another at one wake-and-call each, whatever the number of free slots (a
 // measured 1 of 8 slots in use with 64 lanes). Scripts publish on the
 // waiter's process channel (SPUBLISH on a Cluster, so the message stays on
-// the shard of the group's slot) "granted <id> <session> <age>" for a
-// waiter they granted (the session it joined, and how much of the
-// session's TTL the lease had spent), which then returns from Acquire
+// the shard of the group's slot) "granted <id> <session> <short>" for a
+// waiter they granted (the session it joined, and how much earlier than
+// the waiter's liveness deadline that session ends), which then returns from Acquire
 // with no further call, or "<id>" for one
 // held back by time (the rate or a pause), which calls to learn how long
 // to sleep. One held back by a ceiling stays asleep until a release tries

@@ -245,14 +245,15 @@ func (s *Store) leave(ctx context.Context, h *hub, channel string) {
 
 // grantedPrefix marks a wake event that carries a grant: a script handed
 // the waiter a slot (see the package doc), so it need not call to learn it.
-// The message is "granted <id> <session> <age us>".
+// The message is "granted <id> <session> <short us>", short being how much
+// earlier than the waiter's own liveness deadline the session ends.
 const grantedPrefix = "granted "
 
 // parseWake reads a wake event: the waiter's id, and for a grant its
-// session and how much of the session's TTL the lease had already spent.
-// A grant message that does not parse is taken as a plain wake: the
-// waiter's call then finds its lease.
-func parseWake(payload string) (id string, granted bool, sid string, age time.Duration) {
+// session and how much earlier than the waiter's liveness deadline that
+// session ends. A grant message that does not parse is taken as a plain
+// wake: the waiter's call then finds its lease.
+func parseWake(payload string) (id string, granted bool, sid string, short time.Duration) {
 	rest, ok := strings.CutPrefix(payload, grantedPrefix)
 	if !ok {
 		return payload, false, "", 0

@@ -478,3 +478,51 @@ func TestHandoffExtendsSessionOnlyAsFarAsTheWaiterVouches(t *testing.T) {
 			d.Sub(t0), vouched.Sub(t0), clock.Now().Add(ttl).Sub(t0))
 	}
 }
+
+// TestHandoffAgeCountsFromTheWaitersCall: a waiter last heard of a third of
+// a TTL before a handoff grants it gets a lease whose age is that third,
+// counted from its call, and whose keeper deadline (grant - age + TTL)
+// still falls no later than the session's deadline in Redis. An age that
+// also counted the session's spent TTL from the call, as the wake message
+// once did, made it two thirds: under load, a lease its keeper gave up
+// before the next heartbeat, or that Acquire refused as stale.
+func TestHandoffAgeCountsFromTheWaitersCall(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	clock := newTestClock()
+	const ttl = 30 * time.Second
+	holder := sessionStore(t, c, "handage", ttl, clock, 1)
+	waiter := sessionStore(t, c, "handage", ttl, clock, 1)
+	grantNow(t, holder, "held")
+	req, _ := get(dom("a")).Normalize()
+	att, err := waiter.TryAcquire(ctx, "w", req)
+	if err != nil || att.Outcome != budget.Queued {
+		t.Fatalf("waiter: %+v %v", att, err)
+	}
+	called := clock.Now()
+	clock.step(ttl / 3)
+	if err := holder.Retire(ctx, "held", lease.All); err != nil { // hands the slot to the waiter
+		t.Fatal(err)
+	}
+	select {
+	case <-att.Wake:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no wake event for the handoff")
+	}
+	got, err := waiter.TryAcquire(ctx, "w", req)
+	if err != nil || got.Outcome != budget.Granted {
+		t.Fatalf("after the handoff: %+v %v", got, err)
+	}
+	if want := clock.Now().Sub(called); got.GrantedAgo != want {
+		t.Errorf("handoff grant's age %v, want %v (since the waiter's call)", got.GrantedAgo, want)
+	}
+	p := "rb:{" + hex.EncodeToString([]byte("handage")) + "}:"
+	d, err := c.ZScore(ctx, p+"sexp", redisstore.SessionID(waiter)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if keeper, session := clock.Now().Add(ttl-got.GrantedAgo), time.UnixMicro(int64(d)); keeper.After(session) {
+		t.Errorf("the keeper would count the lease alive until %v, past its session's deadline %v", keeper, session)
+	}
+}

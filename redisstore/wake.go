@@ -10,21 +10,22 @@ import "time"
 type waiting struct {
 	g        *group
 	wake     chan struct{} // signalled by wake events
-	lastCall time.Time     // when its latest acquire call was sent
+	first    time.Time     // when its first acquire call was sent
+	answered time.Time     // when the latest acquire call answered was sent
 	granted  bool          // a script granted it by handoff and said so
 	grantSid string        // the session the handoff granted it in
-	grantAge time.Duration // how much of the session's TTL the lease had spent then
+	short    time.Duration // how much earlier than its liveness deadline that session ends
 	cutOff   bool          // a call of it was cut off by its ctx on its way: it may still land
 }
 
 // deliver hands one wake event to the waiter it names, if it is still
 // waiting here.
 func (s *Store) deliver(payload string) {
-	id, granted, sid, age := parseWake(payload)
+	id, granted, sid, short := parseWake(payload)
 	s.mu.Lock()
 	w := s.wakes[id]
 	if w != nil && granted {
-		w.granted, w.grantSid, w.grantAge = true, sid, age
+		w.granted, w.grantSid, w.short = true, sid, short
 	}
 	s.mu.Unlock()
 	if w != nil {
@@ -56,4 +57,16 @@ func (s *Store) unwatch(id string) {
 	s.mu.Lock()
 	delete(s.wakes, id)
 	s.mu.Unlock()
+}
+
+// liveFrom is the latest time this process knows Redis had heard from
+// waiter w by: when the latest of its calls that was answered was sent, or
+// its first (a waiter that Redis queued has had some call run, and none
+// was sent before the first). Redis's liveness deadline for the waiter is
+// at least this plus a TTL.
+func (w *waiting) liveFrom() time.Time {
+	if w.answered.After(w.first) {
+		return w.answered
+	}
+	return w.first
 }

@@ -78,6 +78,8 @@ type jumpLane struct {
 	longest  time.Duration // longest single Acquire, finished or not
 	grants   int
 	lost     int
+	lostIDs  []string    // the leases lost
+	lostAt   []time.Time // when each was heard lost
 	errs     int
 	firstErr error
 }
@@ -172,6 +174,8 @@ func clockJump(t *testing.T, jumps []time.Duration) {
 	var reclaims []time.Duration // per jump: the dead host's slot back after its death
 	var losses []history.Window  // per jump that started a new epoch: to its quarantine's end
 	var dead []*budget.Budget    // the dying hosts
+	var jumpedAt []time.Time
+	stalls := watchStalls(t)
 	for _, off := range jumps {
 		// The host that dies: it takes a slot in line, like any lane.
 		dc := srv.Client(t)
@@ -185,6 +189,7 @@ func clockJump(t *testing.T, jumps []time.Duration) {
 		}
 		epoch := c.HGet(context.Background(), p+"cfg", "epoch").Val()
 		jumped := time.Now() // the jump comes during SetClockOffset
+		jumpedAt = append(jumpedAt, jumped)
 		if err := srv.SetClockOffset(off); err != nil {
 			t.Fatal(err)
 		}
@@ -306,7 +311,14 @@ func clockJump(t *testing.T, jumps []time.Duration) {
 	for _, r := range recs {
 		hs = append(hs, r.History())
 	}
-	res := checkHistory(t, history.Merge(hs...), history.Options{Limits: jumpLimits(), Losses: losses})
+	merged := history.Merge(hs...)
+	if lost > 0 {
+		figure(t, "leases lost: %s; %s", describeLost(seen, jumpedAt, merged), func() string {
+			_, d := stalls.explains(nil, faultH, 0)
+			return d
+		}())
+	}
+	res := checkHistory(t, merged, history.Options{Limits: jumpLimits(), Losses: losses})
 	if err := res.Err(); err != nil {
 		t.Error(err)
 	}
@@ -363,6 +375,8 @@ func jumpLaneRun(ctx context.Context, b *budget.Budget, ref *referee, ln *jumpLa
 		if lostIt {
 			mu.Lock()
 			ln.lost++
+			ln.lostIDs = append(ln.lostIDs, l.ID())
+			ln.lostAt = append(ln.lostAt, time.Now())
 			mu.Unlock()
 		}
 	}
@@ -373,4 +387,34 @@ func toInt(v any) int64 {
 	s, _ := v.(string)
 	n, _ := strconv.ParseInt(s, 10, 64)
 	return n
+}
+
+// describeLost says, for each lease a lane lost, when after which jump it
+// was heard lost and how: reported missing by a heartbeat (the store
+// dropped it), or given up by the keeper with no renewal confirmed.
+func describeLost(lanes []*jumpLane, jumps []time.Time, h history.History) string {
+	missing := map[string]bool{}
+	for _, f := range h.Frees {
+		if f.Missing {
+			missing[f.Lease] = true
+		}
+	}
+	var out []string
+	for _, ln := range lanes {
+		for i, id := range ln.lostIDs {
+			at, when := ln.lostAt[i], "before the first jump"
+			for k := len(jumps) - 1; k >= 0; k-- {
+				if !at.Before(jumps[k]) {
+					when = fmt.Sprintf("%v after jump %d", at.Sub(jumps[k]).Round(time.Millisecond), k+1)
+					break
+				}
+			}
+			how := "the keeper gave it up (no renewal confirmed)"
+			if missing[id] {
+				how = "a heartbeat found it missing"
+			}
+			out = append(out, fmt.Sprintf("lane %s lease %s %s: %s", ln.name, id, when, how))
+		}
+	}
+	return strings.Join(out, "; ")
 }
