@@ -99,7 +99,7 @@ else
   local hticket = {}
   for _, d in ipairs(doms) do
     if d.qf == 1 then
-      local h = redis.call('ZRANGE', d.q, 0, 0, 'WITHSCORES')
+      local h = redis.call('ZRANGE', d.q, '0', '0', 'WITHSCORES')
       if h[1] then
         HEADS[d.q], hticket[d.q] = h[1], tonumber(h[2])
         empty = false
@@ -117,7 +117,7 @@ else
       return done({R_GRANTED, I(math.max(0, ttl - left))})
     end
   end
-  local ticket = redis.call('HINCRBY', CFG, 'seq', 1)
+  local ticket = redis.call('HINCRBY', CFG, 'seq', '1')
   for _, d in ipairs(doms) do
     redis.call('ZADD', d.q, I(ticket), id)
     -- A head with an earlier ticket stays the head; else read it below.

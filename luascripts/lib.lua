@@ -271,6 +271,8 @@ end
 
 -- Integers and floats are formatted explicitly: redis.call would turn a Lua
 -- number into a string with 14 significant digits, which loses microseconds.
+-- Constant arguments are written as strings for the same reason it is slow:
+-- redis.call formats a number with printf's %.14g, on every call.
 local function I(x) return string.format('%d', x) end
 local function F(x) return string.format('%.17g', x) end
 
@@ -860,7 +862,7 @@ end
 local function head(q)
   local h = HEADS[q]
   if h == nil then
-    h = redis.call('ZRANGE', q, 0, 0)[1] or false
+    h = redis.call('ZRANGE', q, '0', '0')[1] or false
     HEADS[q] = h
   end
   return h or nil
@@ -890,7 +892,7 @@ local function remove_waiter(wid)
     for enc in string.gmatch(w.ds, '[^,]+') do
       local q = P .. 'q:' .. enc
       -- The first two: if wid heads the queue, the second is the new head.
-      local h = redis.call('ZRANGE', q, 0, 1)
+      local h = redis.call('ZRANGE', q, '0', '1')
       redis.call('ZREM', q, wid)
       if h[1] == wid then
         HEADS[q] = h[2] or false
@@ -936,11 +938,11 @@ local function dreturn_fast(enc, ci, dr, db, now, lim)
   local r
   if dr and db then
     r = redis.pcall('BITFIELD', key, 'GET', 'i64', '#0', 'GET', 'i64', BFQ,
-      'INCRBY', 'i64', BFC[ci], -1, 'INCRBY', 'i64', BFB, -1)
+      'INCRBY', 'i64', BFC[ci], '-1', 'INCRBY', 'i64', BFB, '-1')
   elseif dr then
-    r = redis.pcall('BITFIELD', key, 'GET', 'i64', '#0', 'GET', 'i64', BFQ, 'INCRBY', 'i64', BFC[ci], -1)
+    r = redis.pcall('BITFIELD', key, 'GET', 'i64', '#0', 'GET', 'i64', BFQ, 'INCRBY', 'i64', BFC[ci], '-1')
   else
-    r = redis.pcall('BITFIELD', key, 'GET', 'i64', '#0', 'GET', 'i64', BFQ, 'INCRBY', 'i64', BFB, -1)
+    r = redis.pcall('BITFIELD', key, 'GET', 'i64', '#0', 'GET', 'i64', BFQ, 'INCRBY', 'i64', BFB, '-1')
   end
   if r.err then
     -- The previous layout's hash: dload converts it.
@@ -1260,7 +1262,7 @@ local function reclaim(now)
     -- With work left, the head is still due and the next script goes on.
     local rc = now + RESCAN
     for _, z in ipairs({sexp, wexp}) do
-      local h = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+      local h = redis.call('ZRANGE', z, '0', '0', 'WITHSCORES')
       if h[2] then rc = math.min(rc, tonumber(h[2])) end
     end
     lim.rc = rc
