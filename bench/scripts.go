@@ -12,6 +12,7 @@ import (
 
 	"github.com/runbudget/runbudget/admission"
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/lease"
 	"github.com/runbudget/runbudget/luascripts"
 	"github.com/runbudget/runbudget/redisstore"
 )
@@ -171,7 +172,41 @@ func scriptCosts(ctx context.Context, e *env) error {
 			}
 			return nil
 		})
-		steps = append(steps, func(ctx context.Context) error { holder.Release(); return nil })
+		// The second half of a contended admission: a release whose
+		// handoff grants the head of the queue and publishes the grant
+		// (retire, then try_grant for the waiter). A chain of waiters
+		// queues behind the holder; the holder's release, then each
+		// granted waiter's but the last's, hands the slot on.
+		var chain []string
+		steps = append(steps, func(ctx context.Context) error {
+			chain = chain[:0]
+			for range n {
+				id := newID()
+				chain = append(chain, id)
+				if err := expect(sq.TryAcquire(ctx, id, nreq)); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		add(fmt.Sprintf("retire.handoff.d%d", dn), "retire, handing the slot to the head waiter"+suffix, func(ctx context.Context) error {
+			if err := sq.Retire(ctx, holder.ID(), lease.All); err != nil {
+				return err
+			}
+			for _, id := range chain[:len(chain)-1] {
+				if err := sq.Retire(ctx, id, lease.All); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		steps = append(steps, func(ctx context.Context) error {
+			if err := sq.Retire(ctx, chain[len(chain)-1], lease.All); err != nil {
+				return err
+			}
+			holder.Release() // already retired above: a no-op for the store
+			return nil
+		})
 		// Heartbeats of 1 and of 100 leases.
 		var hb []string
 		steps = append(steps, func(ctx context.Context) error {

@@ -35,13 +35,13 @@
 -- before it returns (lib.lua, done).
 
 local id = id_arg(ARGV[4], 'waiter id')
-local ch = id_arg(ARGV[5], 'process channel')
-local sid = id_arg(ARGV[6], 'session id')
-local class = int(ARGV[7], 'class', 0, NCLASS - 1)
-local body = int(ARGV[8], 'body flag', 0, 1)
+local ch = id_arg(ARGV[5], 'process channel', true)
+local sid = id_arg(ARGV[6], 'session id', true)
+local class = int(ARGV[7], 'class', 0, NCLASS - 1, true)
+local body = int(ARGV[8], 'body flag', 0, 1, true)
 local consumer = ARGV[9]
-local ttl = int(ARGV[10], 'lease ttl', 1, 86400000) * 1000
-local n = int(ARGV[11], 'domain count', 1, 10000)
+local ttl = int(ARGV[10], 'lease ttl', 1, 86400000, true) * 1000
+local n = int(ARGV[11], 'domain count', 1, 10000, true)
 if #ARGV ~= 11 + n then bad('domain count does not match the arguments') end
 local encs = {}
 for i = 1, n do encs[i] = enc_arg(ARGV[11 + i]) end
@@ -75,23 +75,37 @@ if l then
   end
   return done({R_GRANTED, I(math.max(0, now - l.g, ttl - left))})
 end
-local wk = P .. 'w:' .. id
-
 local doms = {}
 for i, e in ipairs(encs) do doms[i] = dload(e) end
 
-local w = redis.call('HMGET', wk, 't', 'sn')
-local ticket = tonumber(w[1])
--- A handoff grants into the session of the waiter's latest call.
-if ticket and w[2] ~= sid then redis.call('HSET', wk, 'sn', sid) end
+local w = wload(id)
 local joined = false -- queued by this call: its queues' TTLs are fresh
-if not ticket then
+if w then
+  -- A handoff grants into the session of the waiter's latest call (and
+  -- with its TTL, where a record converted from an old hash lacked it).
+  if w.sn ~= sid or w.ttl == 0 then
+    w.sn = sid
+    if w.ttl == 0 then w.ttl = ttl end
+    wsave(id, w)
+  else
+    expire(P .. 'w:' .. id, IDLE)
+  end
+else
   -- First call: with nobody ahead anywhere, admit without queueing.
   -- A queue is looked at only where its domain says it may hold waiters.
+  -- A queue's head and its ticket, read here, also say whether this
+  -- waiter heads it once it joins, without reading it again.
   local empty = true
+  local hticket = {}
   for _, d in ipairs(doms) do
     if d.qf == 1 then
-      if redis.call('EXISTS', d.q) == 1 then empty = false break end
+      local h = redis.call('ZRANGE', d.q, '0', '0', 'WITHSCORES')
+      if h[1] then
+        HEADS[d.q], hticket[d.q] = h[1], tonumber(h[2])
+        empty = false
+        break
+      end
+      HEADS[d.q] = false
       d.qf = 0
     end
   end
@@ -103,20 +117,22 @@ if not ticket then
       return done({R_GRANTED, I(math.max(0, ttl - left))})
     end
   end
-  ticket = redis.call('HINCRBY', CFG, 'seq', 1)
+  local ticket = redis.call('HINCRBY', CFG, 'seq', '1')
   for _, d in ipairs(doms) do
     redis.call('ZADD', d.q, I(ticket), id)
+    -- A head with an earlier ticket stays the head; else read it below.
+    local h = hticket[d.q]
+    if not (h and h < ticket) then HEADS[d.q] = nil end
     expire(d.q, IDLE)
     d.qf = 1 -- saved on every way out below
   end
-  redis.call('HSET', wk, 't', I(ticket), 'ds', table.concat(encs, ' '), 'ch', ch,
-    'sn', sid, 'cs', consumer, 'c', I(class), 'b', I(body), 'at', I(now), 'ttl', I(ttl))
+  wsave(id, {t = ticket, c = class, b = body, at = now, ttl = ttl, ch = ch, sn = sid,
+    ds = n == 1 and encs[1] or table.concat(encs, ','), cs = consumer})
   joined = true
 end
 -- Every call is also the waiter's liveness beat.
 deadline(P .. 'wexp', now + ttl, id)
 expire(P .. 'wexp', IDLE)
-expire(wk, IDLE)
 
 for _, d in ipairs(doms) do
   if head(d.q) ~= id then

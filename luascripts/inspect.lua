@@ -62,10 +62,10 @@ end
 
 local ws = redis.call('ZRANGE', P .. 'wexp', 0, most - 1, 'WITHSCORES')
 for i = 1, #ws, 2 do
-  local v = redis.call('HMGET', P .. 'w:' .. ws[i], 'ds', 'c', 'b', 'cs', 't', 'at')
-  if v[1] then
-    out.waiters[#out.waiters + 1] = {id = ws[i], ds = v[1], c = v[2], b = v[3],
-      consumer = v[4] or '', ticket = v[5] or '', arrived = v[6] or '', expires = ws[i + 1]}
+  local w = wload(ws[i])
+  if w then
+    out.waiters[#out.waiters + 1] = {id = ws[i], ds = (string.gsub(w.ds, ',', ' ')), c = I(w.c), b = I(w.b),
+      consumer = w.cs, ticket = I(w.t), arrived = I(w.at), expires = ws[i + 1]}
   end
 end
 return done({R_OK, cjson.encode(out)})

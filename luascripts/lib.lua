@@ -46,8 +46,10 @@
 --   q:<enc>      zset: waiters of a domain, scored by arrival ticket
 --   doms         zset: domain encodings, scored by when their TTL was last
 --                set (for Usage)
---   w:<id>       hash: a waiter (ticket, domains, process channel, session,
---                flags)
+--   w:<id>       string: a waiter (ticket, class, body flag, arrival, TTL,
+--                process channel, session, domains, consumer; see wpack).
+--                A build before this one kept a hash of the same fields
+--                here: it is converted where found.
 --   wexp         zset: waiter id -> liveness deadline (us)
 --   lx           hash: every lease, id -> packed record (see lease_pack)
 --   sexp         zset: session id -> deadline (us)
@@ -145,6 +147,9 @@ local R_SESSION_GONE = '-4' -- acquire, heartbeat: the session named is dead
 -- Per-call state, set by begin.
 local CFG, P, PUB, IDLE -- config key, key prefix, publish command, idle TTL (ms)
 local NOW, LIM, CANDS   -- the call's group time, limits, handoff candidates
+local PENDING           -- the candidates not yet tried, as a set
+local HEADS             -- queue key -> its head as this call knows it (false: empty)
+local WC                -- waiter id -> its record as this call knows it (false: none)
 local RAW               -- the call's Redis TIME (or the clock given), us
 local REAL              -- Redis's own TIME, us: RAW unless a clock was given
 local BACK              -- how far TIME went back, as this call found (us)
@@ -152,13 +157,48 @@ local GIVEN             -- whether ARGV[3] gave the clock
 local DC                -- domains loaded by this call, by encoding
 local STRUCT            -- the struct library, nil where there is none
 
+-- Set once, at load, by a function library (see LCACHE below).
+local IN_LIBRARY = false
+
 local function bad(msg)
   error({err = 'RBINVAL ' .. msg})
 end
 
+-- Arguments that repeat from call to call (a class, a TTL, a domain's
+-- encoding, a process's channel) are checked once in a library, where a
+-- check asks for it: PASSED maps a check's name to its bounds and the
+-- values that passed it, with what they gave. A value that passed a check
+-- with the same bounds passes again. Bounded like LCACHE.
+local PASSED, NPASSED = {}, 0
+local PASSED_MAX = 4096
+
+local function passed(name, v, n, lo, hi)
+  if not IN_LIBRARY then return n end
+  if NPASSED >= PASSED_MAX then PASSED, NPASSED = {}, 0 end
+  local t = PASSED[name]
+  if not t or t.lo ~= lo or t.hi ~= hi then
+    t = {lo = lo, hi = hi, v = {}}
+    PASSED[name] = t
+  end
+  t.v[v] = n
+  NPASSED = NPASSED + 1
+  return n
+end
+
+local function known(name, v, lo, hi)
+  local t = PASSED[name]
+  if t and t.lo == lo and t.hi == hi then return t.v[v] end
+  return nil
+end
+
 -- Strict decimal integer in [lo, hi]. tonumber alone would accept hex,
--- padding, "nan" and "inf"; a NaN must never reach a comparison.
-local function int(v, name, lo, hi)
+-- padding, "nan" and "inf"; a NaN must never reach a comparison. repeats
+-- says the value comes again on later calls: worth remembering.
+local function int(v, name, lo, hi, repeats)
+  if repeats then
+    local n = known(name, v, lo, hi)
+    if n then return n end
+  end
   if type(v) ~= 'string' or #v > 17 or not string.find(v, '^%-?%d+$') then
     bad(name .. ' is not a decimal integer')
   end
@@ -166,6 +206,7 @@ local function int(v, name, lo, hi)
   if n == nil or n ~= n or n < lo or n > hi then
     bad(name .. ' is out of range')
   end
+  if repeats then return passed(name, v, n, lo, hi) end
   return n
 end
 
@@ -182,16 +223,20 @@ local function dec(v, name, hi)
 end
 
 local function enc_arg(v)
+  if known('domain encoding', v, 0, 0) then return v end
   if type(v) ~= 'string' or not string.find(v, '^%-?%d+%.%x+$') then
     bad('domain encoding is malformed')
   end
-  return v
+  return passed('domain encoding', v, v, 0, 0)
 end
 
-local function id_arg(v, name)
+-- repeats as for int: a process's channel or session, not a waiter's id.
+local function id_arg(v, name, repeats)
+  if repeats and known(name, v, 0, 0) then return v end
   if type(v) ~= 'string' or #v == 0 or #v > 200 or string.find(v, '[%s]') then
     bad(name .. ' is malformed')
   end
+  if repeats then return passed(name, v, v, 0, 0) end
   return v
 end
 
@@ -211,8 +256,8 @@ local function begin(keys, argv, keep)
   if PUB ~= 'PUBLISH' and PUB ~= 'SPUBLISH' then
     bad('publish command must be PUBLISH or SPUBLISH')
   end
-  IDLE = int(argv[2], 'idle ttl', 1000, 86400000 * 30)
-  CANDS = {}
+  IDLE = int(argv[2], 'idle ttl', 1000, 86400000 * 30, true)
+  CANDS, PENDING, HEADS, WC = {}, {}, {}, {}
   -- rawget: miniredis has no struct, and refuses a read of a missing global.
   STRUCT = rawget(_G, 'struct')
   -- A given clock stands in for TIME; see ARGV[3] above.
@@ -226,6 +271,8 @@ end
 
 -- Integers and floats are formatted explicitly: redis.call would turn a Lua
 -- number into a string with 14 significant digits, which loses microseconds.
+-- Constant arguments are written as strings for the same reason it is slow:
+-- redis.call formats a number with printf's %.14g, on every call.
 local function I(x) return string.format('%d', x) end
 local function F(x) return string.format('%.17g', x) end
 
@@ -290,7 +337,6 @@ local CUBIC_C = (1 - BETA) / (RECOVERY * RECOVERY * RECOVERY)
 -- HSET, so an equal JSON means equal ceilings, and a call reads 4 fields
 -- instead of NCLASS + 6 (12 with today's six classes). A script sent by
 -- EVALSHA starts from nothing every call and reads them all at once.
-local IN_LIBRARY = false
 local LCACHE, LCACHED = {}, 0
 local LCACHE_MAX = 1024
 
@@ -745,15 +791,81 @@ local function end_session(sid, now)
   redis.call('DEL', P .. 'sd:' .. sid)
 end
 
+-- A waiter is one string: "<ticket> <class> <body> <arrived> <ttl> <ch>
+-- <sid> <encs> <consumer>": arrived is when it queued and ttl its lease and
+-- liveness TTL (us), ch its process channel, sid the session a handoff
+-- grants into, encs its domain encodings joined by commas, consumer the
+-- rest (any bytes). One SET and one GET where a hash took an HSET of 9
+-- fields and HMGETs of 7, and the key's TTL goes with the SET. Plain text,
+-- which every server's Lua reads (miniredis has no struct).
+local function wpack(w)
+  return string.format('%d %d %d %d %d ', w.t, w.c, w.b, w.at, w.ttl) .. w.ch .. ' ' .. w.sn .. ' ' .. w.ds .. ' ' .. w.cs
+end
+
+local function wunpack(v)
+  local t, c, b, at, ttl, ch, sn, ds, cs = string.match(v, '^(%d+) (%d+) ([01]) (%d+) (%d+) (%S+) (%S+) (%S+) (.*)$')
+  if not t then return nil end
+  return {t = tonumber(t), c = tonumber(c), b = tonumber(b), at = tonumber(at), ttl = tonumber(ttl),
+    ch = ch, sn = sn, ds = ds, cs = cs}
+end
+
+-- The previous layout: a hash of fields t, c, b, at, ttl, ch, sn, ds
+-- (space-separated) and cs. It is converted where found, keeping its TTL.
+-- A hash without ttl or sn (a build older still) gets 0 and '-', which a
+-- handoff takes as unknown (it wakes the waiter, whose own call completes
+-- the record); one without ticket, domains or channel was never whole,
+-- and goes.
+local function wconvert(key)
+  local h = redis.call('HMGET', key, 't', 'c', 'b', 'at', 'ttl', 'ch', 'sn', 'ds', 'cs')
+  local ttl = redis.call('PTTL', key)
+  redis.call('DEL', key)
+  if not (h[1] and h[6] and h[8]) then return nil end
+  local w = {t = tonumber(h[1]) or 0, c = tonumber(h[2]) or 0, b = tonumber(h[3]) or 0, at = tonumber(h[4]) or 0,
+    ttl = tonumber(h[5]) or 0, ch = h[6], sn = h[7] or '-', ds = (string.gsub(h[8], ' ', ',')), cs = h[9] or ''}
+  redis.call('SET', key, wpack(w), 'PX', I(ttl > 0 and ttl or IDLE))
+  return w
+end
+
+-- Waiter wid's record, or nil; read once per call.
+local function wload(wid)
+  local w = WC[wid]
+  if w ~= nil then return w or nil end
+  local key = P .. 'w:' .. wid
+  -- pcall: a hash here is the previous layout's, GET's WRONGTYPE says so.
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' then
+    if not string.find(v.err or '', '^WRONGTYPE') then error(v) end
+    w = wconvert(key)
+  else
+    w = v and wunpack(v)
+  end
+  WC[wid] = w or false
+  return w
+end
+
+-- Writes waiter wid's record w and renews its key's TTL.
+local function wsave(wid, w)
+  redis.call('SET', P .. 'w:' .. wid, wpack(w), 'PXAT', I(expiry(IDLE)))
+  WC[wid] = w
+end
+
 local function wake(wid)
-  local ch = redis.call('HGET', P .. 'w:' .. wid, 'ch')
-  if ch then
-    redis.call(PUB, P .. 'wake:' .. ch, wid)
+  local w = wload(wid)
+  if w then
+    redis.call(PUB, P .. 'wake:' .. w.ch, wid)
   end
 end
 
+-- The head of queue q. A call remembers what it read or changed (HEADS),
+-- so a handoff does not read again the head a release just found, nor the
+-- one a waiter's removal left.
 local function head(q)
-  return redis.call('ZRANGE', q, 0, 0)[1]
+  local h = HEADS[q]
+  if h == nil then
+    h = redis.call('ZRANGE', q, '0', '0')[1] or false
+    HEADS[q] = h
+  end
+  return h or nil
 end
 
 -- Waiters that may be able to move after this script's changes: new heads
@@ -764,24 +876,34 @@ end
 -- or one held back by time (the rate or a pause), which must learn how
 -- long to sleep. One held back by a ceiling stays
 -- asleep: the release that frees its slot will try it again.
+-- A waiter already listed and not yet tried is not listed twice (a release
+-- on 4 domains finds one head 4 times): its one try comes after whatever
+-- listed it.
 local function candidate(wid)
+  if PENDING[wid] then return end
+  PENDING[wid] = true
   CANDS[#CANDS + 1] = wid
 end
 
 -- Takes waiter wid out of every queue; whoever now heads them is a candidate.
 local function remove_waiter(wid)
-  local wk = P .. 'w:' .. wid
-  local ds = redis.call('HGET', wk, 'ds')
-  if ds then
-    for enc in string.gmatch(ds, '%S+') do
+  local w = wload(wid)
+  if w then
+    for enc in string.gmatch(w.ds, '[^,]+') do
       local q = P .. 'q:' .. enc
       -- The first two: if wid heads the queue, the second is the new head.
-      local h = redis.call('ZRANGE', q, 0, 1)
+      local h = redis.call('ZRANGE', q, '0', '1')
       redis.call('ZREM', q, wid)
-      if h[1] == wid and h[2] then candidate(h[2]) end
+      if h[1] == wid then
+        HEADS[q] = h[2] or false
+        if h[2] then candidate(h[2]) end
+      else
+        HEADS[q] = h[1] or false
+      end
     end
   end
-  redis.call('DEL', wk)
+  redis.call('DEL', P .. 'w:' .. wid)
+  WC[wid] = false
   redis.call('ZREM', P .. 'wexp', wid)
 end
 
@@ -816,11 +938,11 @@ local function dreturn_fast(enc, ci, dr, db, now, lim)
   local r
   if dr and db then
     r = redis.pcall('BITFIELD', key, 'GET', 'i64', '#0', 'GET', 'i64', BFQ,
-      'INCRBY', 'i64', BFC[ci], -1, 'INCRBY', 'i64', BFB, -1)
+      'INCRBY', 'i64', BFC[ci], '-1', 'INCRBY', 'i64', BFB, '-1')
   elseif dr then
-    r = redis.pcall('BITFIELD', key, 'GET', 'i64', '#0', 'GET', 'i64', BFQ, 'INCRBY', 'i64', BFC[ci], -1)
+    r = redis.pcall('BITFIELD', key, 'GET', 'i64', '#0', 'GET', 'i64', BFQ, 'INCRBY', 'i64', BFC[ci], '-1')
   else
-    r = redis.pcall('BITFIELD', key, 'GET', 'i64', '#0', 'GET', 'i64', BFQ, 'INCRBY', 'i64', BFB, -1)
+    r = redis.pcall('BITFIELD', key, 'GET', 'i64', '#0', 'GET', 'i64', BFQ, 'INCRBY', 'i64', BFB, '-1')
   end
   if r.err then
     -- The previous layout's hash: dload converts it.
@@ -1008,9 +1130,11 @@ local function new_epoch(now, quarantine_us, rebuild)
     for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
       redis.call('DEL', P .. 'q:' .. enc)
     end
+    HEADS = {}
     for _, wid in ipairs(redis.call('ZRANGE', P .. 'wexp', 0, -1)) do
       redis.call('DEL', P .. 'w:' .. wid)
     end
+    WC = {}
     redis.call('DEL', P .. 'wexp')
     DC = {}
   end
@@ -1046,17 +1170,17 @@ end
 -- or whose session is dead: just wake it, and its own call sorts it out).
 local function try_grant(wid, now)
   local lim = lims()
-  local v = redis.call('HMGET', P .. 'w:' .. wid, 'ds', 'c', 'b', 'cs', 'ch', 'ttl', 'sn')
-  if not v[1] then return 'no' end
-  if not lim or not v[6] or not v[7] then return 'unknown' end
-  vouch(lim, now, tonumber(v[6]))
+  local w = wload(wid)
+  if not w then return 'no' end
+  if not lim or w.ttl == 0 or w.sn == '-' then return 'unknown' end
+  vouch(lim, now, w.ttl)
   -- No grant while the budget is quarantined after a state loss (waiters
   -- can survive a restart from AOF); the waiter learns how long from its
   -- own call, which the quarantine delays.
   if now < lim.qu then return 'wait' end
-  local req = {id = wid, encs = {}, class = tonumber(v[2]), body = tonumber(v[3]),
-    consumer = v[4] or '', ch = v[5], ttl = tonumber(v[6]), sid = v[7], handoff = true}
-  for e in string.gmatch(v[1], '%S+') do
+  local req = {id = wid, encs = {}, class = w.c, body = w.b,
+    consumer = w.cs, ch = w.ch, ttl = w.ttl, sid = w.sn, handoff = true}
+  for e in string.gmatch(w.ds, '[^,]+') do
     if head(P .. 'q:' .. e) ~= wid then return 'no' end
     req.encs[#req.encs + 1] = e
   end
@@ -1100,6 +1224,7 @@ local function done(result)
   while i <= #CANDS do
     local wid = CANDS[i]
     i = i + 1
+    PENDING[wid] = nil
     if granted >= HANDOFF then
       wake(wid) -- past the bound: let it call for itself
     else
@@ -1148,7 +1273,7 @@ local function reclaim(now)
     -- With work left, the head is still due and the next script goes on.
     local rc = now + RESCAN
     for _, z in ipairs({sexp, wexp}) do
-      local h = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+      local h = redis.call('ZRANGE', z, '0', '0', 'WITHSCORES')
       if h[2] then rc = math.min(rc, tonumber(h[2])) end
     end
     lim.rc = rc

@@ -13,7 +13,7 @@
 -- Returns {R_OK}.
 
 local id = id_arg(ARGV[4], 'lease id')
-local parts = int(ARGV[5], 'parts', 1, 3)
+local parts = int(ARGV[5], 'parts', 1, 3, true)
 local now = clock()
 touch_cfg(now)
 reclaim(now)

@@ -134,7 +134,12 @@
 // finds, counts and TTL kept, so a budget left by an older build (stopped
 // first) carries on; an older host still running fails closed on a
 // converted domain (Redis answers WRONGTYPE, which it reports as
-// ErrUnavailable) rather than counting beside this one.
+// ErrUnavailable) rather than counting beside this one. Likewise a queued
+// waiter is one string (a build before it kept a hash of the same
+// fields): this build converts a waiter hash where a script first reads
+// it, TTL kept, so a waiter queued by an older build keeps its place and
+// is granted in turn; an older host still running fails closed on a
+// converted waiter, as on a converted domain.
 //
 // Keys expire after max(20 x TTL, 5 min) without use, so an idle budget
 // leaves nothing behind; a domain's key lives at least until its bucket is

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/runbudget/runbudget/budget"
 	"github.com/runbudget/runbudget/internal/dompack"
 	"github.com/runbudget/runbudget/internal/redistest"
+	"github.com/runbudget/runbudget/redisstore"
 )
 
 // TestOldDomainHashConverted: a domain written by a build before the packed
@@ -69,6 +71,90 @@ func TestOldDomainHashConverted(t *testing.T) {
 			expectIdle(t, b)
 			if ttl := c.PTTL(ctx, key).Val(); ttl <= 0 {
 				t.Errorf("converted domain key has no TTL (%v)", ttl)
+			}
+		})
+	}
+}
+
+// TestOldWaiterHashConverted: a queued waiter written by a build before the
+// packed layout is a hash (t, c, b, at, ttl, ch, sn, ds, cs). This build
+// reads it where it finds it: an operator's inspection lists it, a release
+// hands the slot to it as before, and what is left is nothing.
+func TestOldWaiterHashConverted(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		client func(t *testing.T) *redis.Client
+	}{
+		{"redis", func(t *testing.T) *redis.Client { return redistest.Start(t).Client(t) }},
+		{"miniredis", func(t *testing.T) *redis.Client {
+			m := miniredis.RunT(t)
+			c := redis.NewClient(&redis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true})
+			t.Cleanup(func() { c.Close() })
+			return c
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.client(t)
+			ctx := context.Background()
+			b := open(t, c, "oldwaiter", budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 1}}, time.Minute)
+			a := dom("a")
+			held := mustAcquire(t, b, get(a))
+			got := make(chan error, 1)
+			go func() {
+				l, err := b.Acquire(within(t, 30*time.Second), get(a))
+				if err == nil {
+					l.Release()
+				}
+				got <- err
+			}()
+			prefix := "rb:{" + hex.EncodeToString([]byte("oldwaiter")) + "}:"
+			var key, v string
+			for deadline := time.Now().Add(10 * time.Second); key == ""; {
+				if keys := c.Keys(ctx, prefix+"w:*").Val(); len(keys) == 1 {
+					key = keys[0]
+					v = c.Get(ctx, key).Val()
+				} else if time.Now().After(deadline) {
+					t.Fatal("no waiter queued")
+				} else {
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+			// "<ticket> <class> <body> <arrived> <ttl> <ch> <sid> <encs> <consumer>"
+			f := strings.SplitN(v, " ", 9)
+			if len(f) != 9 || f[8] != "test" || f[7] != "1."+hex.EncodeToString([]byte("a")) {
+				t.Fatalf("packed waiter %q", v)
+			}
+			// Put it back the way the previous build kept it.
+			c.Del(ctx, key)
+			c.HSet(ctx, key, "t", f[0], "c", f[1], "b", f[2], "at", f[3], "ttl", f[4], "ch", f[5], "sn", f[6],
+				"ds", strings.ReplaceAll(f[7], ",", " "), "cs", f[8])
+			c.PExpire(ctx, key, time.Minute)
+
+			ad, err := redisstore.NewAdmin(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			in, err := ad.Inspect(ctx, "oldwaiter", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(in.Waiters) != 1 || in.Waiters[0].Consumer != "test" || len(in.Waiters[0].Domains) != 1 ||
+				in.Waiters[0].Domains[0] != a || in.Waiters[0].Class != budget.OpGet {
+				t.Fatalf("inspection of the old waiter hash: %+v", in.Waiters)
+			}
+			if typ := c.Type(ctx, key).Val(); typ != "string" {
+				t.Errorf("waiter key is a %s after a script read it, want string", typ)
+			}
+			if ttl := c.PTTL(ctx, key).Val(); ttl <= 0 {
+				t.Errorf("converted waiter key has no TTL (%v)", ttl)
+			}
+			held.Release()
+			if err := <-got; err != nil {
+				t.Fatalf("the converted waiter: %v", err)
+			}
+			expectIdle(t, b)
+			if n := len(c.Keys(ctx, prefix+"w:*").Val()); n != 0 {
+				t.Errorf("%d waiter keys left", n)
 			}
 		})
 	}
