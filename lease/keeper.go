@@ -57,7 +57,7 @@ type Keeper struct {
 	leases  map[string]*Lease
 	stopped bool // set by Stop under mu: Track after it marks the lease lost
 
-	track    chan struct{} // a lease was tracked: arm the expiry timer
+	track    chan struct{} // a lease was tracked or renewed: arm the expiry timer
 	stop     chan struct{}
 	done     chan struct{}
 	stopOnce sync.Once
@@ -140,10 +140,7 @@ func (k *Keeper) Track(l *Lease, sentAt time.Time) {
 	}
 	k.leases[l.id] = l
 	k.mu.Unlock()
-	select {
-	case k.track <- struct{}{}:
-	default:
-	}
+	k.rearm()
 }
 
 // Len reports how many leases the keeper renews.
@@ -179,13 +176,46 @@ func (k *Keeper) Stop() {
 	})
 }
 
-// run beats every interval, and also wakes at the earliest moment a lease
-// would go LostAfter unrenewed: a lease granted between two beats must not
-// be declared lost up to an interval after the store already expired it.
+// run beats every interval, and watches, beside the beats, for the
+// earliest moment a lease would go LostAfter unrenewed: a lease granted
+// between two beats must not be declared lost up to an interval after the
+// store already expired it, nor one whose deadline passes while a beat is
+// out (Redis down, go-redis retrying) wait for that beat to give up. Such a
+// beat may still renew it, but not in time to be sure of: the lease is
+// declared lost at its deadline.
 func (k *Keeper) run() {
 	defer close(k.done)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		k.watch()
+	}()
+	defer func() { <-watched }()
 	t := time.NewTicker(k.interval)
 	defer t.Stop()
+	for {
+		select {
+		case <-k.stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), k.interval)
+			k.Beat(ctx)
+			cancel()
+			k.rearm() // renewals moved the deadlines
+		}
+	}
+}
+
+// rearm tells watch that deadlines changed.
+func (k *Keeper) rearm() {
+	select {
+	case k.track <- struct{}{}:
+	default:
+	}
+}
+
+// watch declares leases lost at their deadlines until the keeper stops.
+func (k *Keeper) watch() {
 	expiry := time.NewTimer(time.Hour)
 	expiry.Stop()
 	defer expiry.Stop()
@@ -198,11 +228,6 @@ func (k *Keeper) run() {
 		select {
 		case <-k.stop:
 			return
-		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), k.interval)
-			k.Beat(ctx)
-			cancel()
-			arm()
 		case <-k.track:
 			arm()
 		case <-expiry.C:

@@ -274,6 +274,32 @@ func TestKeeperLostAfterTTLWithoutRenewal(t *testing.T) {
 	})
 }
 
+// TestKeeperLostWhileABeatHangs: a lease's deadline that passes while a
+// beat is out (Redis down, the client retrying until the beat's deadline)
+// is acted on at once, not when the beat gives up: the keeper once served
+// its deadlines and its beats from one loop, so Lost() came up to an
+// interval late (scenario 7: 1.0s after the kill where 0.9s was due).
+func TestKeeperLostWhileABeatHangs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &fakeStore{}
+		k := keeper(t, s)
+		l := track(k, s, "L", 1)[0]
+		advance(time.Second) // the beat at 1s renews it
+		s.set(func(s *fakeStore) {
+			s.block = make(chan struct{}) // every beat from now on hangs to its deadline
+			s.entered = make(chan struct{}, 16)
+		})
+		advance(k.LostAfter() - time.Nanosecond)
+		if isClosed(l.Lost()) {
+			t.Fatalf("lost before LostAfter passed since the renewal at 1s")
+		}
+		advance(time.Nanosecond)
+		if !isClosed(l.Lost()) {
+			t.Fatalf("not lost at its deadline while a beat hangs")
+		}
+	})
+}
+
 // TestKeeperLostAfter: the keeper gives a lease up a tenth of the TTL
 // before the store's expiry, at most 250ms before it.
 func TestKeeperLostAfter(t *testing.T) {

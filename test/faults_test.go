@@ -568,7 +568,7 @@ func TestFault07RedisKilled(t *testing.T) {
 	if lostAfter < 0 {
 		t.Fatal("held lease not declared lost with Redis down")
 	}
-	figure(t, "ErrUnavailable after %v (grace %v); deadline errors at most %v late; held lease lost %v after the kill (bar L = %v)",
+	figure(t, "ErrUnavailable after %v (grace %v); deadline errors at most %v late; held lease lost %v after the kill (bar L = %v, + 50ms for the timer)",
 		graceTook.Round(time.Millisecond), grace, late.Round(time.Millisecond), lostAfter.Round(time.Millisecond), faultL)
 	if late > 100*time.Millisecond {
 		t.Errorf("deadline error %v late, bar 100ms", late)
