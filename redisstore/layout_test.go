@@ -17,13 +17,13 @@ import (
 	"github.com/runbudget/runbudget/redisstore"
 )
 
-// TestOldDomainHashConverted: a domain written by a build before the packed
-// layout is a hash (f<class index>, b, bk, tk, ta, ep, rx, ...). This build
-// converts it where it finds it, counts and TTL kept: a lease counted in
-// the hash still blocks, its release returns the slot, and what is left
-// is a packed value with a TTL.
-func TestOldDomainHashConverted(t *testing.T) {
-	for _, tc := range []struct {
+// bothServers are a real Redis and miniredis: the layout conversions run
+// the same Lua on both, and miniredis has neither struct nor cmsgpack.
+func bothServers() []struct {
+	name   string
+	client func(t *testing.T) *redis.Client
+} {
+	return []struct {
 		name   string
 		client func(t *testing.T) *redis.Client
 	}{
@@ -34,7 +34,16 @@ func TestOldDomainHashConverted(t *testing.T) {
 			t.Cleanup(func() { c.Close() })
 			return c
 		}},
-	} {
+	}
+}
+
+// TestOldDomainHashConverted: a domain written by a build before the packed
+// layout is a hash (f<class index>, b, bk, tk, ta, ep, rx, ...). This build
+// converts it where it finds it, counts and TTL kept: a lease counted in
+// the hash still blocks, its release returns the slot, and what is left
+// is a packed value with a TTL.
+func TestOldDomainHashConverted(t *testing.T) {
+	for _, tc := range bothServers() {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tc.client(t)
 			ctx := context.Background()
@@ -81,18 +90,7 @@ func TestOldDomainHashConverted(t *testing.T) {
 // reads it where it finds it: an operator's inspection lists it, a release
 // hands the slot to it as before, and what is left is nothing.
 func TestOldWaiterHashConverted(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		client func(t *testing.T) *redis.Client
-	}{
-		{"redis", func(t *testing.T) *redis.Client { return redistest.Start(t).Client(t) }},
-		{"miniredis", func(t *testing.T) *redis.Client {
-			m := miniredis.RunT(t)
-			c := redis.NewClient(&redis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true})
-			t.Cleanup(func() { c.Close() })
-			return c
-		}},
-	} {
+	for _, tc := range bothServers() {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tc.client(t)
 			ctx := context.Background()
