@@ -78,8 +78,8 @@ func WithClock(now func() time.Time) KeeperOption {
 
 // WithLostHook makes the keeper call f with a lease's ID each time it marks
 // one of its leases lost (the store no longer has it, it went LostAfter
-// unrenewed, or Stop found it still held). f runs on the keeper's goroutine
-// (or Stop's) and must not block.
+// unrenewed, or Stop found it still held). f runs on one of the keeper's
+// goroutines (or Stop's) and must not block.
 func WithLostHook(f func(id string)) KeeperOption {
 	return func(k *Keeper) { k.onLost = f }
 }
@@ -114,8 +114,8 @@ func (k *Keeper) Interval() time.Duration { return k.interval }
 
 // LostAfter is how long a lease may go without a confirmed renewal before
 // the keeper declares it lost: the TTL less a tenth of it, at most 250ms.
-// Two renewals a third of a TTL apart may fail before that; a third that
-// fails, or one that comes late by more than the margin, costs the lease.
+// The two renewals after a confirmed one may both fail; the lease is lost
+// before a third is sent, or when the second is still out by then.
 func (k *Keeper) LostAfter() time.Duration { return k.lostAfter }
 
 // lossMargin is how much earlier than the store the keeper gives a lease
