@@ -50,8 +50,8 @@ type Keeper struct {
 	r         Renewer
 	lostAfter time.Duration
 	interval  time.Duration
-	now      func() time.Time
-	onLost   func(id string)
+	now       func() time.Time
+	onLost    func(id string)
 
 	mu      sync.Mutex
 	leases  map[string]*Lease
@@ -96,11 +96,11 @@ func NewKeeper(r Renewer, ttl time.Duration, opts ...KeeperOption) (*Keeper, err
 		r:         r,
 		lostAfter: ttl - lossMargin(ttl),
 		interval:  ttl / 3,
-		now:      time.Now,
-		leases:   make(map[string]*Lease),
-		track:    make(chan struct{}, 1),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		now:       time.Now,
+		leases:    make(map[string]*Lease),
+		track:     make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
 	}
 	for _, o := range opts {
 		o(k)

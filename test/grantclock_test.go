@@ -29,7 +29,7 @@ func newGrantClock(c redis.UniversalClient, name string) *grantClock {
 // back (a grant that comes as its caller gives up is cancelled at once).
 type grantClock struct {
 	c      redis.UniversalClient // a client the fault spares, where it can
-	prefix string        // the budget's keys
+	prefix string                // the budget's keys
 
 	mu sync.Mutex
 	at map[string]time.Time // lease ID -> the store's time of its grant

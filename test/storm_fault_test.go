@@ -612,7 +612,6 @@ func TestFault23ConnectionStorm(t *testing.T) {
 	}
 }
 
-
 // stormL is the scenario's lease TTL, long enough that this process, a
 // thousand hosts on a shared machine, does not stall past two thirds of it
 // (a grant joins a session with at least that much left) nor past a
