@@ -222,7 +222,7 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 	if w.first.IsZero() {
 		w.first = sent
 	}
-	w.granted, w.queued = false, false
+	w.granted, w.queued, w.called = false, false, sent
 	g.used = sent
 	wake := w.wake
 	sid := s.sessionLocked(g, sent)

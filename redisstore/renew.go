@@ -18,6 +18,13 @@ import (
 // maxRenew bounds the ids of one renew call (renew.lua refuses more).
 const maxRenew = 1000
 
+// renewFor is how many TTLs after a waiter's latest call of its own the
+// store still renews its place. The Budget calls every three (budget's
+// renewedCall); a waiter nobody calls for any more (a bug, a caller that
+// stalled) then loses its place within six TTLs of its last call, instead
+// of holding up the line for ever.
+const renewFor = 5
+
 // startRenewals starts the goroutine that renews this process's waiters,
 // unless a test turned renewals off; stopRenewals ends it.
 func (s *Store) startRenewals() {
@@ -69,8 +76,9 @@ type renewing struct {
 func (s *Store) renewAll(ctx context.Context) {
 	byGroup := make(map[*group][]renewing)
 	s.mu.Lock()
+	now := s.now()
 	for id, w := range s.wakes {
-		if w.queued && !w.granted {
+		if w.queued && !w.granted && now.Sub(w.called) < renewFor*s.ttl {
 			byGroup[w.g] = append(byGroup[w.g], renewing{id, w})
 		}
 	}

@@ -202,3 +202,32 @@ func TestRenewEndsWithTheProcess(t *testing.T) {
 		t.Errorf("reclaimed %v after the store stopped, want within about a TTL (%v)", took, bound)
 	}
 }
+
+// TestRenewForgetsSilentWaiter: a waiter of a live store that never calls
+// again (its caller forgot it) is renewed for renewFor TTLs after its last
+// call, not for ever: then its place lapses a TTL later.
+func TestRenewForgetsSilentWaiter(t *testing.T) {
+	srv := redistest.Start(t)
+	live, held := renewHolder(t, srv, "renew-silent")
+	defer held.Release()
+	s, _, _ := batchStore(t, srv, "renew-silent", renewLimits(), WithLeaseTTL(renewTTL))
+	ctx := context.Background()
+	start := time.Now()
+	if att, err := s.TryAcquire(ctx, "silent", renewReq(t)); err != nil || att.Outcome != budget.Queued {
+		t.Fatalf("TryAcquire: %+v %v", att, err)
+	}
+	for waitingInRedis(t, s, "silent") {
+		if time.Since(start) > 10*renewTTL {
+			t.Fatalf("the silent waiter still queued %v after its only call", time.Since(start))
+		}
+		if _, err := live.Usage(ctx); err != nil { // reclaims what is due
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	took := time.Since(start)
+	t.Logf("the silent waiter's place lapsed %v after its call (TTL %v)", took, renewTTL)
+	if took < (renewFor-1)*renewTTL {
+		t.Errorf("lapsed after %v: renewals stopped before %d TTLs", took, renewFor)
+	}
+}

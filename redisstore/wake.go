@@ -17,8 +17,10 @@ type waiting struct {
 	short    time.Duration // how much earlier than its liveness deadline that session ends
 	cutOff   bool          // a call of it was cut off by its ctx on its way: it may still land
 	// queued: its latest call answered Queued or Delayed and no call of it
-	// is out, so renewals (renew.go) keep its place.
+	// is out, so renewals (renew.go) keep its place, for renewFor after
+	// called, its latest call's sending.
 	queued bool
+	called time.Time
 }
 
 // deliver hands one wake event to the waiter it names, if it is still
