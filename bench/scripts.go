@@ -176,6 +176,12 @@ func scriptCosts(ctx context.Context, e *env) error {
 			for _, id := range waiters[:k] {
 				args = append(args, id)
 			}
+			// Their domains, as redisstore encodes them: the script tries
+			// whichever of them heads a queue (blocked by the holder).
+			args = append(args, len(nreq.Domains))
+			for _, d := range nreq.Domains {
+				args = append(args, fmt.Sprintf("%d.%x", d.Version, d.ID))
+			}
 			res, err := c.FCall(ctx, renewFn, []string{queuedCfg}, args...).StringSlice()
 			if err == nil && (len(res) != 2 || strings.Trim(res[1], "w") != "") {
 				err = fmt.Errorf("renew: %q, want every waiter still queued", res)

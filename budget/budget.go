@@ -354,8 +354,9 @@ func (b *Budget) ride(ctx context.Context, o *outage, err error, sent time.Time)
 
 // renewedCall is how many lease TTLs a waiter whose store renews its place
 // (Attempt.Renewed) sleeps at most before it calls again. Such a store
-// wakes it when Redis has news for it (a grant, a lost place), so this
-// call only guards against a wake lost without the store noticing: rare
+// wakes it when Redis has news for it (a grant, a lost place, its turn
+// held back by time), so this call only guards against what the store
+// missed: rare
 // enough to cost little, as the calls it replaces were most of Redis's
 // work with many waiters (BENCHMARKS.md, P9).
 const renewedCall = 3

@@ -8,6 +8,13 @@
 -- ARGV[1..3] the common arguments (lib.lua)
 -- ARGV[4]  waiter TTL, ms: each waiter still queued lives that long from now
 -- ARGV[5]  number of ids n (at most 1000), then ARGV[6..5+n] waiter ids
+-- ARGV[6+n] number of domain encodings m, then m encodings: domains of
+--          those waiters that are queued (not held back by time). Whoever
+--          of the ids heads one of their queues is tried as a handoff
+--          would be (lib.lua, done): granted if it fits, woken if time
+--          holds it back. A wake lost on its way to a head, which its
+--          renewals would not notice (it is still queued), is so sent
+--          again within a renewal.
 -- Returns {R_UNREGISTERED} when the config is gone; {R_DELAYED, wait_us}
 -- while the budget is quarantined after a state loss, renewing nothing
 -- (as acquire does then: each waiter should call for itself, and learns
@@ -19,13 +26,17 @@
 -- not reached it yet: what expired stays expired.
 --
 -- Cost: the config's fields, TIME, and four commands (ZMSCORE, HMGET on
--- lx for the ids not waiting, ZADD XX, PEXPIREAT), whatever n is.
+-- lx for the ids not waiting, ZADD XX, PEXPIREAT), whatever n is; one
+-- ZRANGE per domain, and a handoff's try for each head found among the
+-- ids (usually blocked by a ceiling: its domains' GETs).
 
 local ttl = int(ARGV[4], 'waiter ttl', 1, 86400000, true) * 1000
 local n = int(ARGV[5] or '', 'id count', 0, 1000)
-if #ARGV ~= 5 + n then bad('id count does not match the arguments') end
-local ids = {}
+local m = int(ARGV[6 + n] or '', 'domain count', 0, 10000)
+if #ARGV ~= 6 + n + m then bad('counts do not match the arguments') end
+local ids, encs = {}, {}
 for i = 1, n do ids[i] = id_arg(ARGV[5 + i], 'waiter id') end
+for i = 1, m do encs[i] = enc_arg(ARGV[6 + n + i]) end
 
 local now = clock()
 local lim = lims()
@@ -62,5 +73,15 @@ if #renew > 0 then
   -- A shorter TTL than the waiter's last call's moves its deadline earlier.
   lower_rc(now + ttl)
   expire(wexp, IDLE)
+end
+if m > 0 then
+  local mine = {}
+  for i = 1, n do
+    if out[i] == 'w' then mine[ids[i]] = true end
+  end
+  for _, e in ipairs(encs) do
+    local h = head(P .. 'q:' .. e)
+    if h and mine[h] then candidate(h) end
+  end
 end
 return done({R_OK, table.concat(out)})

@@ -215,7 +215,7 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		return budget.Attempt{Outcome: budget.Granted, GrantedAgo: s.now().Sub(basis)}, nil
 	}
 	if w == nil {
-		w = &waiting{g: g, wake: make(chan struct{}, 1)}
+		w = &waiting{g: g, wake: make(chan struct{}, 1), encs: encs}
 		s.wakes[id] = w
 	}
 	sent := s.now()
@@ -281,7 +281,7 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 			return budget.Attempt{Outcome: budget.Granted, GrantedAgo: r.age}, nil
 		case budget.Delayed:
 			s.mu.Lock()
-			w.queued = true
+			w.queued, w.delayed = true, true
 			s.mu.Unlock()
 			return budget.Attempt{Outcome: budget.Delayed, Wait: r.wait, Wake: wake, Renewed: !s.noRenew}, nil
 		}
@@ -292,7 +292,7 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		if sent.After(w.answered) {
 			w.answered = sent
 		}
-		w.queued = true
+		w.queued, w.delayed = true, false
 		s.mu.Unlock()
 		return budget.Attempt{Outcome: budget.Queued, Wake: wake, Renewed: !s.noRenew}, nil
 	}

@@ -100,7 +100,8 @@
 // store renews its queued waiters itself: one renew call per group every
 // TTL/3, whatever their number, which pushes each deadline still in place
 // a TTL on (one that has passed stays passed) and says which of them were
-// granted meanwhile or are gone, and those are woken. The Budget then
+// granted meanwhile or are gone, and those are woken; those that head a
+// queue are tried as a release's handoff would try them. The Budget then
 // calls for a waiter only on a wake, after a timed delay, or every three
 // TTLs as a safety net (budget.Attempt.Renewed). A process that dies stops
 // renewing, and its waiters' places are reclaimed a TTL after the last
@@ -180,10 +181,10 @@
 // two script calls (its first, queued call and its release) per admitted
 // request, the same as with 16 lanes. A grant whose message is lost on the
 // way costs at most TTL/3: the next renewal finds the lease and wakes the
-// waiter, whose call collects it. A lost message for a waiter held back
-// by time ("<id>") is not seen by renewals (the waiter is still queued),
-// and waits for the Budget's safety call, at most three TTLs. Usually
-// either costs far less: once a hub has its channels subscribed again
+// waiter, whose call collects it. A renewal also tries those of its
+// waiters that head a queue as a handoff would, so a lost message for a
+// head held back by time ("<id>") is sent again, or the head granted,
+// within TTL/3 too. Usually far less: once a hub has its channels subscribed again
 // (after a reconnect, or on the new master after the group's slot moved,
 // which Redis announces with a sunsubscribe push), it wakes that group's
 // waiters, so each calls at once. On a Cluster every call also names a key

@@ -65,8 +65,9 @@ func (s *Store) renewLoop(ctx context.Context) {
 
 // renewing is one waiter a renewal names.
 type renewing struct {
-	id string
-	w  *waiting
+	id   string
+	w    *waiting
+	encs []string // its domains, when it is queued rather than delayed
 }
 
 // renewAll sends one renew call per group (per maxRenew waiters) for this
@@ -79,7 +80,11 @@ func (s *Store) renewAll(ctx context.Context) {
 	now := s.now()
 	for id, w := range s.wakes {
 		if w.queued && !w.granted && now.Sub(w.called) < renewFor*s.ttl {
-			byGroup[w.g] = append(byGroup[w.g], renewing{id, w})
+			r := renewing{id: id, w: w}
+			if !w.delayed {
+				r.encs = w.encs
+			}
+			byGroup[w.g] = append(byGroup[w.g], r)
 		}
 	}
 	s.mu.Unlock()
@@ -98,12 +103,26 @@ func (s *Store) renewAll(ctx context.Context) {
 
 // renew renews ws in group g. A waiter granted meanwhile (its wake may
 // have been lost) or gone from Redis is woken, so its Budget calls at once:
-// the call collects the grant, or queues it again.
+// the call collects the grant, or queues it again. The script also tries
+// those that head their queues, as a handoff would, so a head whose wake
+// was lost hears again (renew.lua).
 func (s *Store) renew(ctx context.Context, g *group, ws []renewing) {
 	sent := s.now()
 	args := s.args(ms(s.ttl), len(ws))
+	var encs []string
+	seen := make(map[string]bool)
 	for _, r := range ws {
 		args = append(args, r.id)
+		for _, e := range r.encs {
+			if !seen[e] {
+				seen[e] = true
+				encs = append(encs, e)
+			}
+		}
+	}
+	args = append(args, len(encs))
+	for _, e := range encs {
+		args = append(args, e)
 	}
 	res, err := s.run(ctx, g, "renew", s.sc.renew, args...)
 	if err != nil {

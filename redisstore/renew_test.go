@@ -231,3 +231,43 @@ func TestRenewForgetsSilentWaiter(t *testing.T) {
 		t.Errorf("lapsed after %v: renewals stopped before %d TTLs", took, renewFor)
 	}
 }
+
+// TestRenewTriesLostHead: a queued waiter that comes to head its queue
+// while the rate holds it back is sent a wake to call ("<id>"); when that
+// wake is lost, renewals still try it as a handoff would, so it is granted
+// once a token is there, and the renewal after says so.
+func TestRenewTriesLostHead(t *testing.T) {
+	srv := redistest.Start(t)
+	l := budget.Limits{RequestsPerSecond: 2, Burst: 1, InFlight: map[budget.OpClass]int{budget.OpGet: 1}}
+	hs, _, _ := batchStore(t, srv, "renew-head", l, WithLeaseTTL(renewTTL))
+	s, _, _ := batchStore(t, srv, "renew-head", l, WithLeaseTTL(renewTTL))
+	s.proc = "nobody" // every wake for its waiters is lost
+	ctx := context.Background()
+	if att, err := hs.TryAcquire(ctx, "holder", renewReq(t)); err != nil || att.Outcome != budget.Granted {
+		t.Fatalf("holder: %+v %v", att, err)
+	}
+	granted := time.Now() // the bucket is empty: the next token comes 500ms on
+	att, err := s.TryAcquire(ctx, "head", renewReq(t))
+	if err != nil || att.Outcome != budget.Queued {
+		t.Fatalf("TryAcquire: %+v %v, want Queued", att, err)
+	}
+	if err := hs.Retire(ctx, "holder", lease.Request|lease.Body); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-att.Wake:
+	case <-time.After(5 * renewTTL):
+		t.Fatalf("no wake %v after the release", 5*renewTTL)
+	}
+	took := time.Since(granted)
+	if att, err := s.TryAcquire(ctx, "head", renewReq(t)); err != nil || att.Outcome != budget.Granted {
+		t.Fatalf("TryAcquire after the wake: %+v %v, want Granted", att, err)
+	}
+	t.Logf("head woken with its grant %v after the token was taken (next token 500ms on, interval %v)", took, renewTTL/3)
+	if bound := 500*time.Millisecond + 2*renewTTL/3 + 150*time.Millisecond; took > bound {
+		t.Errorf("woken %v after, want within %v", took, bound)
+	}
+	if err := s.Retire(ctx, "head", lease.Request|lease.Body); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -21,6 +21,10 @@ type waiting struct {
 	// called, its latest call's sending.
 	queued bool
 	called time.Time
+	// delayed: its latest call answered Delayed, so it sleeps on a timer
+	// of its own and need not be tried as a head by renewals.
+	delayed bool
+	encs    []string // its domains' encodings
 }
 
 // deliver hands one wake event to the waiter it names, if it is still
