@@ -693,6 +693,7 @@ func (e *env) p9Slowlog(ctx context.Context, r *p9Run, last p9Window, sample tim
 // p9Kinds are the scripts a host calls, in the order of the table.
 var p9Kinds = []struct{ script, what string }{
 	{"heartbeat", "heartbeat calls/s (one per host per group where it holds leases, every TTL/3)"},
+	{"renew", "renew calls/s (one per host per group where it has queued waiters, every TTL/3)"},
 	{"retire", "retire calls/s (a lease released)"},
 	{"cancel", "cancel calls/s (a waiter gave up)"},
 	{"register", "register calls/s"},
@@ -727,21 +728,22 @@ func (e *env) p9Figures(sec string, r *p9Run, c p9Config, hosts int, ws []p9Wind
 	later := func(w p9Window) float64 { return float64(w.counts["script.acquire"]-w.counts["started"]) / w.sec }
 	interval := c.ttl / 3
 	servers := len(r.nodes)
-	// A waiter calls again after TTL/3 without news (liveness), and after a
-	// wake that does not carry a grant or a timed sleep (its head is held
-	// by the rate). Calls do not say which; the liveness share is what a
-	// lane waiting throughout makes, one per interval, which holds while
-	// waits are long next to the interval (here they are minutes).
-	liveness := func(w p9Window) float64 { return min(later(w), float64(w.waiting)/interval.Seconds()) }
+	// A waiter calls again without news only as a safety net, once every
+	// three TTLs, since its store renews its place (renew calls, counted
+	// apart), and after a wake that does not carry a grant or a timed
+	// sleep (its head is held by the rate). Calls do not say which; the
+	// liveness share is what a lane waiting throughout makes, which holds
+	// while waits are long next to that (here they are minutes).
+	liveness := func(w p9Window) float64 { return min(later(w), float64(w.waiting)/(9*interval.Seconds())) }
 
 	each("adm_s", "admissions/s", "ops/s", func(_ int, w p9Window) float64 { return adm(w) })
 	each("calls_s", "script calls/s (commandstats: FCALL, EVALSHA, EVAL)", "ops/s", func(_ int, w p9Window) float64 { return float64(w.scriptCalls) / w.sec })
 	each("acq_first_s", "acquire calls/s, first call of an Acquire (admits at once, or queues)", "ops/s", perSec("started"))
-	each("acq_later_s", "acquire calls/s, later calls of queued waiters (liveness every TTL/3, timed wakes)", "ops/s", func(_ int, w p9Window) float64 { return later(w) })
-	each("acq_later_per_waiter", "later acquire calls per waiting lane per TTL/3 (1 = liveness alone)", "calls", func(_ int, w p9Window) float64 {
+	each("acq_later_s", "acquire calls/s, later calls of queued waiters (safety calls every 3 TTLs, timed wakes)", "ops/s", func(_ int, w p9Window) float64 { return later(w) })
+	each("acq_later_per_waiter", "later acquire calls per waiting lane per TTL/3 (1/9 = safety calls alone)", "calls", func(_ int, w p9Window) float64 {
 		return later(w) * interval.Seconds() / float64(max(w.waiting, 1))
 	})
-	each("acq_live_s", "of which liveness calls (estimated: waiting lanes / (TTL/3))", "ops/s", func(_ int, w p9Window) float64 { return liveness(w) })
+	each("acq_live_s", "of which safety calls (estimated: waiting lanes / (3 TTLs))", "ops/s", func(_ int, w p9Window) float64 { return liveness(w) })
 	each("acq_timed_s", "of which calls after a wake or a timed sleep (rate, pause): the rest", "ops/s", func(_ int, w p9Window) float64 {
 		return later(w) - liveness(w)
 	})
@@ -855,7 +857,7 @@ func (e *env) p9Figures(sec string, r *p9Run, c p9Config, hosts int, ws []p9Wind
 		e.note("P9 %s: SLOWLOG needs CONFIG SET, done only on servers the bench started: the per-script figures were not measured", r.id)
 		return
 	}
-	for _, k := range []string{"acquire", "retire", "heartbeat", "cancel"} {
+	for _, k := range []string{"acquire", "retire", "heartbeat", "cancel", "renew"} {
 		once("us_"+k, fmt.Sprintf("%s: server µs per call (SLOWLOG, %d calls)", k, slow.calls[k]), "µs", slow.mean(k), "sampled")
 	}
 	// What the CPU goes to, per window. Each call costs Redis its time
@@ -881,7 +883,7 @@ func (e *env) p9Figures(sec string, r *p9Run, c p9Config, hosts int, ws []p9Wind
 		rates := map[string]float64{"first": first, "live": live, "timed": later(w) - live}
 		means := map[string]float64{"first": slow.mean("acquire"), "live": slow.mean("acquire"), "timed": slow.mean("acquire")}
 		known := first + later(w)
-		for _, k := range []string{"retire", "heartbeat", "cancel"} {
+		for _, k := range []string{"retire", "heartbeat", "cancel", "renew"} {
 			rates[k], means[k] = float64(w.counts["script."+k])/w.sec, slow.mean(k)
 			known += rates[k]
 		}
@@ -895,10 +897,10 @@ func (e *env) p9Figures(sec string, r *p9Run, c p9Config, hosts int, ws []p9Wind
 		inScripts := min(float64(w.scriptUsec)/w.sec, cpu)
 		around := (cpu - inScripts) / max(calls, 1e-9)
 		of := func(k string) float64 { return inScripts*rates[k]*means[k]/max(inTime, 1e-9) + around*rates[k] }
-		liveCPU, hbCPU := of("live"), of("heartbeat")
+		liveCPU, hbCPU := of("live")+of("renew"), of("heartbeat")
 		sp[i] = split{fixed: liveCPU + hbCPU, perAdm: (cpu - liveCPU - hbCPU) / max(adm(w), 1e-9),
 			perWaiter: liveCPU / float64(max(w.waiting, 1)),
-			live:      liveCPU / max(live, 1e-9), hb: hbCPU / max(rates["heartbeat"], 1e-9)}
+			live:      of("live") / max(live, 1e-9), hb: hbCPU / max(rates["heartbeat"], 1e-9)}
 	}
 	each("fixed_pct", "Redis CPU of waiters' liveness calls and heartbeats, % of one core (estimated)", "%", func(i int, _ p9Window) float64 { return sp[i].fixed / 1e4 })
 	each("cpu_adm_marginal", "Redis CPU per admission, less liveness and heartbeats (estimated)", "µs", func(i int, _ p9Window) float64 { return sp[i].perAdm })

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
@@ -76,6 +77,9 @@ func scriptCosts(ctx context.Context, e *env) error {
 		return err
 	}
 	n := e.sz.scriptCalls
+	_, _, functions := luascripts.Library()
+	renewFn := functions["renew"]
+	queuedCfg := "rb:{" + hex.EncodeToString([]byte(e.name("scripts-queued"))) + "}:cfg"
 	sec := "scripts: server µs per call (commandstats usec_per_call)"
 	var steps []func(context.Context) error
 	// The server-side floor and the peer: a script that does nothing, and
@@ -164,6 +168,26 @@ func scriptCosts(ctx context.Context, e *env) error {
 			}
 			return nil
 		})
+		// The store's bulk renewal of its queued waiters (renew.lua), which
+		// replaces their liveness calls: one call for up to 64 of them.
+		k := min(64, n) // waiters queued by the step above, when it runs
+		add(fmt.Sprintf("renew.w64.d%d", dn), fmt.Sprintf("renew, %d queued waiters in one call", k)+suffix, repeat(max(n/10, 1), func(ctx context.Context) error {
+			args := []any{"PUBLISH", strconv.FormatInt((20 * time.Hour).Milliseconds(), 10), "", strconv.FormatInt(time.Hour.Milliseconds(), 10), k}
+			for _, id := range waiters[:k] {
+				args = append(args, id)
+			}
+			// Their domains, as redisstore encodes them: the script tries
+			// whichever of them heads a queue (blocked by the holder).
+			args = append(args, len(nreq.Domains))
+			for _, d := range nreq.Domains {
+				args = append(args, fmt.Sprintf("%d.%x", d.Version, d.ID))
+			}
+			res, err := c.FCall(ctx, renewFn, []string{queuedCfg}, args...).StringSlice()
+			if err == nil && (len(res) != 2 || strings.Trim(res[1], "w") != "") {
+				err = fmt.Errorf("renew: %q, want every waiter still queued", res)
+			}
+			return err
+		}))
 		add(fmt.Sprintf("cancel.d%d", dn), "cancel, a queued waiter"+suffix, func(ctx context.Context) error {
 			for _, id := range waiters {
 				if err := sq.Cancel(ctx, id); err != nil {

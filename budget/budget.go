@@ -77,6 +77,7 @@ type Budget struct {
 	grace  time.Duration
 	now    func() time.Time
 	keeper *lease.Keeper // nil when the store never expires leases
+	ttl    time.Duration // the store's LeaseTTL, with the keeper
 	obs    Observer      // nil: nothing observed
 	// local is set for a NonBlocking store, whose calls cannot hang: the
 	// admission path then skips the clock reads and per-call deadlines
@@ -150,6 +151,7 @@ func New(limits Limits, opts ...Option) (*Budget, error) {
 		return nil, err
 	}
 	if ttl := b.store.LeaseTTL(); ttl > 0 {
+		b.ttl = ttl
 		kopts := []lease.KeeperOption{lease.WithClock(o.now)}
 		if o.obs != nil {
 			kopts = append(kopts, lease.WithLostHook(func(id string) {
@@ -350,15 +352,29 @@ func (b *Budget) ride(ctx context.Context, o *outage, err error, sent time.Time)
 	return att, nil
 }
 
+// renewedCall is how many lease TTLs a waiter whose store renews its place
+// (Attempt.Renewed) sleeps at most before it calls again. Such a store
+// wakes it when Redis has news for it (a grant, a lost place, its turn
+// held back by time), so this call only guards against what the store
+// missed: rare
+// enough to cost little, as the calls it replaces were most of Redis's
+// work with many waiters (BENCHMARKS.md, P9).
+const renewedCall = 3
+
 // sleep waits after an attempt that was not granted: until the store's wake,
 // until a Delayed attempt's wait is over, or, when the store expires
 // waiters, until the next liveness call is due (which also recovers from a
-// wake lost on the way). It returns ctx's error or ErrClosed when either
-// ends first. *timer is reused across sleeps and stopped after each.
+// wake lost on the way): a third of a TTL, or renewedCall TTLs where the
+// store renews the waiter's place itself (Attempt.Renewed). It returns ctx's
+// error or ErrClosed when either ends first. *timer is reused across
+// sleeps and stopped after each.
 func (b *Budget) sleep(ctx context.Context, att Attempt, timer **time.Timer) error {
 	wait := time.Duration(-1)
 	if b.keeper != nil {
 		wait = b.keeper.Interval()
+		if att.Renewed {
+			wait = renewedCall * b.ttl
+		}
 	}
 	if att.Outcome == Delayed && (wait < 0 || att.Wait < wait) {
 		wait = max(att.Wait, time.Microsecond)

@@ -116,6 +116,15 @@ type Attempt struct {
 	// again, and answers Granted. It suits stores whose grants need no
 	// follow-up from the waiter (no TTL to start, nothing to record).
 	Handoff *atomic.Bool
+	// Renewed, optional for Queued and Delayed, says the store keeps the
+	// waiter's place alive by itself while it waits (redisstore renews all
+	// of a process's waiters with one call per group) and signals Wake
+	// when the waiter must call: it may move, was granted, or lost its
+	// place. The Budget then calls again only on Wake, after a Delayed
+	// attempt's Wait, or every few LeaseTTLs as a safety net, instead of
+	// every third of a TTL to renew the place itself. A store that leaves
+	// it false gets those calls, as their liveness.
+	Renewed bool
 }
 
 // NonBlocking is an optional interface of a Store. A store whose calls all

@@ -50,7 +50,10 @@
 --                process channel, session, domains, consumer; see wpack).
 --                A build before this one kept a hash of the same fields
 --                here: it is converted where found.
---   wexp         zset: waiter id -> liveness deadline (us)
+--   wexp         zset: waiter id -> liveness deadline (us): a TTL after
+--                the waiter's latest acquire call, or after the latest
+--                renew call of its process that found it still queued
+--                (renew.lua); one that has passed is never renewed
 --   lx           hash: every lease, id -> packed record (see lease_pack)
 --   sexp         zset: session id -> deadline (us)
 --   sl:<sid>     set: the ids of session sid's leases
@@ -1201,7 +1204,8 @@ local function try_grant(wid, now)
     return r
   end
   -- The message carries the grant, its session, and how much earlier than
-  -- the waiter's own liveness deadline (its latest call's time + its TTL)
+  -- the waiter's own liveness deadline (its latest call's or renewal's time
+-- + its TTL)
   -- the session's deadline falls: the waiter need not call to learn it (if
   -- the message is lost, its next call finds the lease). The waiter knows
   -- when it sent its calls, so it counts the lease's TTL from one of them,

@@ -215,14 +215,14 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		return budget.Attempt{Outcome: budget.Granted, GrantedAgo: s.now().Sub(basis)}, nil
 	}
 	if w == nil {
-		w = &waiting{g: g, wake: make(chan struct{}, 1)}
+		w = &waiting{g: g, wake: make(chan struct{}, 1), encs: encs}
 		s.wakes[id] = w
 	}
 	sent := s.now()
 	if w.first.IsZero() {
 		w.first = sent
 	}
-	w.granted = false
+	w.granted, w.queued, w.called = false, false, sent
 	g.used = sent
 	wake := w.wake
 	sid := s.sessionLocked(g, sent)
@@ -280,7 +280,10 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 			s.unwatch(id)
 			return budget.Attempt{Outcome: budget.Granted, GrantedAgo: r.age}, nil
 		case budget.Delayed:
-			return budget.Attempt{Outcome: budget.Delayed, Wait: r.wait, Wake: wake}, nil
+			s.mu.Lock()
+			w.queued, w.delayed = true, true
+			s.mu.Unlock()
+			return budget.Attempt{Outcome: budget.Delayed, Wait: r.wait, Wake: wake, Renewed: !s.noRenew}, nil
 		}
 		// Queued: this call set the waiter's liveness deadline (a delay
 		// may come before it does, in a quarantine), which a handoff's
@@ -289,8 +292,9 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		if sent.After(w.answered) {
 			w.answered = sent
 		}
+		w.queued, w.delayed = true, false
 		s.mu.Unlock()
-		return budget.Attempt{Outcome: budget.Queued, Wake: wake}, nil
+		return budget.Attempt{Outcome: budget.Queued, Wake: wake, Renewed: !s.noRenew}, nil
 	}
 	return budget.Attempt{}, fmt.Errorf("redisstore: acquire: %w: budget config or session keeps disappearing", budget.ErrUnavailable)
 }

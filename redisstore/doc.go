@@ -46,8 +46,9 @@
 // group it uses: one subscribed channel on the pub/sub connection of the
 // group's server (one connection per server, per master on a Cluster,
 // however many groups), one heartbeat call per TTL/3 while it holds leases
-// there, a registry refresh per quarter idle TTL, and a few hundred bytes
-// of bookkeeping.
+// there, one renew call per TTL/3 while it has waiters queued there, a
+// registry refresh per quarter idle TTL, and a few hundred bytes of
+// bookkeeping.
 //
 // Waiter and lease IDs are chosen by the client before each call, and every
 // script is idempotent by ID: a call repeated by go-redis after a lost reply
@@ -58,7 +59,7 @@
 // # Group commit
 //
 // While one call of this process to a group is in flight, its further
-// acquire attempts (a waiter's liveness calls too), retirements and
+// acquire attempts (a waiter's later calls too), retirements and
 // cancellations for that group queue, and go together in the next call:
 // one FCALL of a batch function that runs each operation's script in turn
 // (luascripts' batch.lua), each with its own arguments, reply and error.
@@ -93,8 +94,18 @@
 // is theirs: the keeper's one heartbeat call per group every TTL/3 (see
 // lease.Keeper) renews the session with a few commands, whatever the
 // number of leases in it (P5 in BENCHMARKS.md). Waiters keep deadlines of
-// their own, since their calls are their liveness: each call, at least
-// once per TTL/3, is a waiter's beat.
+// their own, a TTL after the latest renewal of each, and their calls renew
+// them; but a waiter blocked by a ceiling has nothing else to ask, and with
+// many lanes waiting those calls were most of Redis's work (P9). So the
+// store renews its queued waiters itself: one renew call per group every
+// TTL/3, whatever their number, which pushes each deadline still in place
+// a TTL on (one that has passed stays passed) and says which of them were
+// granted meanwhile or are gone, and those are woken; those that head a
+// queue are tried as a release's handoff would try them. The Budget then
+// calls for a waiter only on a wake, after a timed delay, or every three
+// TTLs as a safety net (budget.Attempt.Renewed). A process that dies stops
+// renewing, and its waiters' places are reclaimed a TTL after the last
+// renewal, as when each renewed itself.
 //
 // A session whose deadline passed is dead for good. The holder learns it
 // from its next call (a heartbeat, or a grant the script refuses), and
@@ -168,9 +179,12 @@
 // to sleep. One held back by a ceiling stays asleep until a release tries
 // it again. Under 64-way contention on 8 slots that is one wake message and
 // two script calls (its first, queued call and its release) per admitted
-// request, the same as with 16 lanes. A message lost on the way costs at
-// most TTL/3: the waiter's next liveness call finds its lease, or its place
-// in line. Usually far less: once a hub has its channels subscribed again
+// request, the same as with 16 lanes. A grant whose message is lost on the
+// way costs at most TTL/3: the next renewal finds the lease and wakes the
+// waiter, whose call collects it. A renewal also tries those of its
+// waiters that head a queue as a handoff would, so a lost message for a
+// head held back by time ("<id>") is sent again, or the head granted,
+// within TTL/3 too. Usually far less: once a hub has its channels subscribed again
 // (after a reconnect, or on the new master after the group's slot moved,
 // which Redis announces with a sunsubscribe push), it wakes that group's
 // waiters, so each calls at once. On a Cluster every call also names a key

@@ -50,3 +50,8 @@ var ReplyCodes = map[string]string{
 // WithTestClocks is WithTestClock with s's own bookkeeping on own, a clock
 // that never goes back, while the scripts' time may (a Redis TIME jump).
 func WithTestClocks(scripts, own func() time.Time) Option { return withClocks(scripts, own) }
+
+// WithoutRenewals turns off s's background renewals of its queued
+// waiters: each waiter's own calls keep its place, as its Budget makes
+// them every TTL/3 then. For tests that step a clock of their own.
+func WithoutRenewals() Option { return func(s *Store) { s.noRenew = true } }

@@ -350,8 +350,8 @@ func TestLostRepliesAndCancellation(t *testing.T) {
 	}
 }
 
-// TestCrashedHolderAndWaiterReclaimed: a holder that stops renewing (its
-// process died) and a waiter that stops calling give their place back within
+// TestCrashedHolderAndWaiterReclaimed: a holder that stops renewing and a
+// waiter whose store stops renewing it (its process died) give their place back within
 // one TTL plus one renewal interval, with no daemon: the live waiter's own
 // calls reclaim them.
 func TestCrashedHolderAndWaiterReclaimed(t *testing.T) {
@@ -375,6 +375,8 @@ func TestCrashedHolderAndWaiterReclaimed(t *testing.T) {
 	if att, err := dead.TryAcquire(context.Background(), "dead-waiter", req); err != nil || att.Outcome != budget.Queued {
 		t.Fatalf("dead waiter: %+v %v", att, err)
 	}
+	// The process dies: nothing renews its waiter from now on.
+	dead.Close()
 	start := time.Now()
 	l, err := live.Acquire(within(t, 10*time.Second), get(a))
 	if err != nil {

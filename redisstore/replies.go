@@ -245,3 +245,37 @@ func decodeUsage(res []string) (budget.Usage, error) {
 	sortDomains(u.Domains)
 	return u, nil
 }
+
+// renewReply is renew.lua's reply, decoded: one status per id sent
+// (renewWaiting, renewGranted, renewGone), or held (the budget is
+// quarantined: nothing was renewed).
+type renewReply struct {
+	status string
+	held   bool
+}
+
+// The statuses of renew.lua, one character per id.
+const (
+	renewWaiting = 'w' // still queued: its deadline was pushed a TTL on
+	renewGranted = 'g' // its lease exists: a handoff, whose wake may be lost
+	renewGone    = 'x' // neither queued nor granted
+)
+
+// decodeRenew decodes renew.lua's reply for n ids; errNotRegistered means
+// the config is missing.
+func decodeRenew(res []string, n int) (renewReply, error) {
+	switch c, k := code(res); {
+	case c == replyOK && k == 2 && len(res[1]) == n:
+		for i := range n {
+			if b := res[1][i]; b != renewWaiting && b != renewGranted && b != renewGone {
+				return renewReply{}, unexpected("renew", res)
+			}
+		}
+		return renewReply{status: res[1]}, nil
+	case c == replyDelayed && k == 2:
+		return renewReply{held: true}, nil
+	case c == replyUnregistered && k == 1:
+		return renewReply{}, errNotRegistered
+	}
+	return renewReply{}, unexpected("renew", res)
+}

@@ -19,7 +19,7 @@ import (
 // scriptSet holds the budget scripts, built once; Run uses EVALSHA and falls
 // back to EVAL (which also reloads the script) when Redis answers NOSCRIPT.
 type scriptSet struct {
-	register, acquire, cancel, retire, heartbeat, throttle, usage, reassert, inspect, reset, drop *redis.Script
+	register, acquire, cancel, retire, heartbeat, throttle, usage, reassert, inspect, reset, drop, renew *redis.Script
 }
 
 func newScriptSet(shebang bool) *scriptSet {
@@ -33,7 +33,7 @@ func newScriptSet(shebang bool) *scriptSet {
 	return &scriptSet{
 		register: load("register"), acquire: load("acquire"), cancel: load("cancel"), retire: load("retire"),
 		heartbeat: load("heartbeat"), throttle: load("throttle"), usage: load("usage"), reassert: load("reassert"),
-		inspect: load("inspect"), reset: load("reset"), drop: load("drop"),
+		inspect: load("inspect"), reset: load("reset"), drop: load("drop"), renew: load("renew"),
 	}
 }
 

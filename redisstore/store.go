@@ -64,6 +64,11 @@ type Store struct {
 	proc     string           // this process's name in wake channels
 	clock    func() time.Time // nil: Redis TIME (see withClock)
 	own      func() time.Time // nil: time.Now, for the store's bookkeeping
+	// noRenew turns off the waiter renewals (renew.go), for tests that
+	// drive time themselves.
+	noRenew   bool
+	renewStop context.CancelFunc // ends the renewals; nil when none run
+	renewDone chan struct{}      // closed when they have ended
 
 	// shardKey spreads domains over groups (WithShardKey); nil: one group,
 	// single, for the whole budget.
@@ -163,6 +168,7 @@ func New(client redis.UniversalClient, name string, opts ...Option) (*Store, err
 			return nil, s.explain(err)
 		}
 	}
+	s.startRenewals()
 	return s, nil
 }
 
@@ -257,9 +263,13 @@ func (s *Store) Name() string { return s.name }
 // LeaseTTL implements budget.Store.
 func (s *Store) LeaseTTL() time.Duration { return s.ttl }
 
-// Close ends the wake subscriptions and waits for their goroutines. The
-// client stays open: it belongs to the caller. Later calls do nothing.
+// Close ends the waiter renewals and the wake subscriptions, and waits for
+// their goroutines. The client stays open: it belongs to the caller. Later
+// calls do nothing.
 func (s *Store) Close() error {
-	s.closeOnce.Do(s.closeHubs)
+	s.closeOnce.Do(func() {
+		s.stopRenewals()
+		s.closeHubs()
+	})
 	return nil
 }

@@ -16,6 +16,15 @@ type waiting struct {
 	grantSid string        // the session the handoff granted it in
 	short    time.Duration // how much earlier than its liveness deadline that session ends
 	cutOff   bool          // a call of it was cut off by its ctx on its way: it may still land
+	// queued: its latest call answered Queued or Delayed and no call of it
+	// is out, so renewals (renew.go) keep its place, for renewFor after
+	// called, its latest call's sending.
+	queued bool
+	called time.Time
+	// delayed: its latest call answered Delayed, so it sleeps on a timer
+	// of its own and need not be tried as a head by renewals.
+	delayed bool
+	encs    []string // its domains' encodings
 }
 
 // deliver hands one wake event to the waiter it names, if it is still
@@ -29,10 +38,7 @@ func (s *Store) deliver(payload string) {
 	}
 	s.mu.Unlock()
 	if w != nil {
-		select {
-		case w.wake <- struct{}{}:
-		default: // already signalled
-		}
+		nudge(w.wake)
 	}
 }
 
@@ -44,10 +50,7 @@ func (s *Store) poke(g *group) {
 	defer s.mu.Unlock()
 	for _, w := range s.wakes {
 		if w.g.channel == g.channel {
-			select {
-			case w.wake <- struct{}{}:
-			default:
-			}
+			nudge(w.wake)
 		}
 	}
 }

@@ -1,0 +1,168 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Waiter renewals. A queued waiter's place in line lives a TTL past its
+// latest renewal (lib.lua, wexp). Its own acquire call renews it, but that
+// is a full admission attempt, and a waiter blocked by a ceiling has
+// nothing else to learn from it: with many lanes waiting, those calls were
+// most of what Redis did (BENCHMARKS.md, P9). So the store renews every
+// queued waiter of this process in a group with one renew call per TTL/3,
+// and the Budget, told so by Attempt.Renewed, calls for itself only on a
+// wake, a timed delay, or once a TTL as a safety net.
+
+// maxRenew bounds the ids of one renew call (renew.lua refuses more).
+const maxRenew = 1000
+
+// renewFor is how many TTLs after a waiter's latest call of its own the
+// store still renews its place. The Budget calls every three (budget's
+// renewedCall); a waiter nobody calls for any more (a bug, a caller that
+// stalled) then loses its place within six TTLs of its last call, instead
+// of holding up the line for ever.
+const renewFor = 5
+
+// startRenewals starts the goroutine that renews this process's waiters,
+// unless a test turned renewals off; stopRenewals ends it.
+func (s *Store) startRenewals() {
+	if s.noRenew {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.renewStop = cancel
+	s.renewDone = make(chan struct{})
+	go s.renewLoop(ctx)
+}
+
+func (s *Store) stopRenewals() {
+	if s.renewStop == nil {
+		return
+	}
+	s.renewStop()
+	<-s.renewDone
+}
+
+func (s *Store) renewLoop(ctx context.Context) {
+	defer close(s.renewDone)
+	t := time.NewTicker(s.ttl / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		// Bounded by the interval: a renewal that hangs would only
+		// delay the next, which may find Redis back.
+		cctx, cancel := context.WithTimeout(ctx, s.ttl/3)
+		s.renewAll(cctx)
+		cancel()
+	}
+}
+
+// renewing is one waiter a renewal names.
+type renewing struct {
+	id   string
+	w    *waiting
+	encs []string // its domains, when it is queued rather than delayed
+}
+
+// renewAll sends one renew call per group (per maxRenew waiters) for this
+// process's waiters that Redis has queued and no call of theirs is out
+// for. Errors are left to the next tick: a waiter whose renewals keep
+// failing loses its place after a TTL, as one whose own calls fail.
+func (s *Store) renewAll(ctx context.Context) {
+	byGroup := make(map[*group][]renewing)
+	s.mu.Lock()
+	now := s.now()
+	for id, w := range s.wakes {
+		if w.queued && !w.granted && now.Sub(w.called) < renewFor*s.ttl {
+			r := renewing{id: id, w: w}
+			if !w.delayed {
+				r.encs = w.encs
+			}
+			byGroup[w.g] = append(byGroup[w.g], r)
+		}
+	}
+	s.mu.Unlock()
+	gs := make([]*group, 0, len(byGroup))
+	for g := range byGroup {
+		gs = append(gs, g)
+	}
+	eachGroup(gs, func(g *group) error {
+		all := byGroup[g]
+		for start := 0; start < len(all) && ctx.Err() == nil; start += maxRenew {
+			s.renew(ctx, g, all[start:min(start+maxRenew, len(all))])
+		}
+		return nil
+	})
+}
+
+// renew renews ws in group g. A waiter granted meanwhile (its wake may
+// have been lost) or gone from Redis is woken, so its Budget calls at once:
+// the call collects the grant, or queues it again. The script also tries
+// those that head their queues, as a handoff would, so a head whose wake
+// was lost hears again (renew.lua).
+func (s *Store) renew(ctx context.Context, g *group, ws []renewing) {
+	sent := s.now()
+	args := s.args(ms(s.ttl), len(ws))
+	var encs []string
+	seen := make(map[string]bool)
+	for _, r := range ws {
+		args = append(args, r.id)
+		for _, e := range r.encs {
+			if !seen[e] {
+				seen[e] = true
+				encs = append(encs, e)
+			}
+		}
+	}
+	args = append(args, len(encs))
+	for _, e := range encs {
+		args = append(args, e)
+	}
+	res, err := s.run(ctx, g, "renew", s.sc.renew, args...)
+	if err != nil {
+		return
+	}
+	r, err := decodeRenew(res, len(ws))
+	switch {
+	case errors.Is(err, errNotRegistered):
+		// Redis lost the group: the waiters' own calls register it again.
+		for _, x := range ws {
+			nudge(x.w.wake)
+		}
+		return
+	case err != nil, r.held:
+		// Quarantined: acquire renews no place then either, and each
+		// waiter learns the wait from its own call when it makes one.
+		return
+	}
+	s.mu.Lock()
+	for i, x := range ws {
+		if s.wakes[x.id] != x.w {
+			continue // granted and collected, or cancelled, meanwhile
+		}
+		if r.status[i] == renewWaiting {
+			// Redis's deadline is a TTL past this call's run: a
+			// handoff's grant may count from it (liveFrom).
+			if sent.After(x.w.answered) {
+				x.w.answered = sent
+			}
+			continue
+		}
+		nudge(x.w.wake)
+	}
+	s.mu.Unlock()
+}
+
+// nudge wakes the waiter listening on c, unless a wake is already there.
+func nudge(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
