@@ -13,7 +13,7 @@ import (
 // most of what Redis did (BENCHMARKS.md, P9). So the store renews every
 // queued waiter of this process in a group with one renew call per TTL/3,
 // and the Budget, told so by Attempt.Renewed, calls for itself only on a
-// wake, a timed delay, or once a TTL as a safety net.
+// wake, a timed delay, or every three TTLs as a safety net.
 
 // maxRenew bounds the ids of one renew call (renew.lua refuses more).
 const maxRenew = 1000
@@ -136,9 +136,15 @@ func (s *Store) renew(ctx context.Context, g *group, ws []renewing) {
 			nudge(x.w.wake)
 		}
 		return
-	case err != nil, r.held:
-		// Quarantined: acquire renews no place then either, and each
-		// waiter learns the wait from its own call when it makes one.
+	case err != nil:
+		return
+	case r.held:
+		// Quarantined: no place is renewed then (nor by acquire), so
+		// each waiter calls now, learns the wait, and is back when the
+		// quarantine ends, instead of at its next safety call.
+		for _, x := range ws {
+			nudge(x.w.wake)
+		}
 		return
 	}
 	s.mu.Lock()

@@ -271,3 +271,78 @@ func TestRenewTriesLostHead(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRenewNudgesInQuarantine: while the budget is quarantined after a
+// state loss, a renewal keeps no place, so it wakes the waiters it names:
+// each calls, learns how long the quarantine lasts, and is back at its
+// end, where without the wake it would sleep until its safety call three
+// TTLs away.
+func TestRenewNudgesInQuarantine(t *testing.T) {
+	srv := redistest.Start(t)
+	_, held := renewHolder(t, srv, "renew-quarantine")
+	s, h, c := batchStore(t, srv, "renew-quarantine", renewLimits(), WithLeaseTTL(renewTTL))
+	b, err := budget.New(renewLimits(), budget.WithStore(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	got := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		l, err := b.Acquire(ctx, renewReq(t))
+		if err == nil {
+			l.Release()
+		}
+		got <- err
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for !waitingInRedis(t, s, waiterOf(t, s)) {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter never queued")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// A quarantine of one TTL from now, in the group's clock (TIME plus
+	// its offset), as a state loss starts one.
+	ctx := context.Background()
+	cfg := s.single.prefix + "cfg"
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	co, _ := c.HGet(ctx, cfg, "co").Int64()
+	if err := c.HSet(ctx, cfg, "qu", now.UnixMicro()+co+renewTTL.Microseconds()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The next renewal comes within TTL/3; the waiter's safety call, three
+	// TTLs after its first, well after this window.
+	h.sent()
+	deadline = time.Now().Add(renewTTL)
+	for n := 0; n == 0; n += count(t, h.sent(), "acquire") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no acquire call within %v of the quarantine's start: the waiter was not woken", renewTTL)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	held.Release()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("not granted after the quarantine")
+	}
+}
+
+// waiterOf returns the id of s's one waiter.
+func waiterOf(t *testing.T, s *Store) string {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id := range s.wakes {
+		return id
+	}
+	return ""
+}
