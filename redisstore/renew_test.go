@@ -61,6 +61,30 @@ func count(t *testing.T, calls []sentCall, op string) int {
 	return n
 }
 
+// acquireBehind builds a Budget on s, forgets the calls h saw so far, and
+// starts an Acquire (released at once when granted) that queues behind
+// the holder; its error, nil once granted, comes on the channel.
+func acquireBehind(t *testing.T, s *Store, h *scriptHook) <-chan error {
+	t.Helper()
+	b, err := budget.New(renewLimits(), budget.WithStore(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	h.sent()
+	got := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		l, err := b.Acquire(ctx, renewReq(t))
+		if err == nil {
+			l.Release()
+		}
+		got <- err
+	}()
+	return got
+}
+
 // waiting reports whether Redis holds a liveness deadline for waiter id
 // of s's group.
 func waitingInRedis(t *testing.T, s *Store, id string) bool {
@@ -78,23 +102,8 @@ func TestRenewKeepsQueuedWaiter(t *testing.T) {
 	srv := redistest.Start(t)
 	_, held := renewHolder(t, srv, "renew-keeps")
 	s, h, _ := batchStore(t, srv, "renew-keeps", renewLimits(), WithLeaseTTL(renewTTL))
-	b, err := budget.New(renewLimits(), budget.WithStore(s))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	h.sent()
-	got := make(chan error, 1)
 	start := time.Now()
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		l, err := b.Acquire(ctx, renewReq(t))
-		if err == nil {
-			l.Release()
-		}
-		got <- err
-	}()
+	got := acquireBehind(t, s, h)
 	time.Sleep(5 * renewTTL)
 	calls := h.sent()
 	elapsed := time.Since(start)
@@ -281,21 +290,7 @@ func TestRenewNudgesInQuarantine(t *testing.T) {
 	srv := redistest.Start(t)
 	_, held := renewHolder(t, srv, "renew-quarantine")
 	s, h, c := batchStore(t, srv, "renew-quarantine", renewLimits(), WithLeaseTTL(renewTTL))
-	b, err := budget.New(renewLimits(), budget.WithStore(s))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	got := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		l, err := b.Acquire(ctx, renewReq(t))
-		if err == nil {
-			l.Release()
-		}
-		got <- err
-	}()
+	got := acquireBehind(t, s, h)
 	deadline := time.Now().Add(5 * time.Second)
 	for !waitingInRedis(t, s, waiterOf(t, s)) {
 		if time.Now().After(deadline) {
