@@ -749,23 +749,28 @@ end
 -- live holder this reads one score and writes nothing.
 --
 -- A handoff grants on behalf of a queued waiter wid, whose process may
--- have died since its last call: it creates or extends the session no
--- further than the waiter's own liveness deadline, so a crashed process's
--- leases are not kept past what its last call vouched for.
+-- have died since its last call: it creates or extends the session to the
+-- waiter's own liveness deadline (or a TTL from now, if sooner) and no
+-- further, so a crashed process's leases are not kept past what its last
+-- call or renewal vouched for.
 local function session(sid, ttl, now, wid)
   local sx = P .. 'sexp'
   local d = tonumber(redis.call('ZSCORE', sx, sid))
   if d then
     if d <= now then return nil end
-    if d - now >= ttl * 2 / 3 then return d - now end
+    if not wid and d - now >= ttl * 2 / 3 then return d - now end
   elseif redis.call('ZSCORE', P .. 'sgone', sid) then
     return nil
   end
   local at = now + ttl
   if wid then
+    -- A handoff extends the session as far as the waiter's liveness
+    -- deadline whenever that is later: its process vouched for it by its
+    -- latest call or renewal, and the waiter then counts its lease from
+    -- that call, not from an older heartbeat.
     local live = tonumber(redis.call('ZSCORE', P .. 'wexp', wid))
     if live and live < at then at = live end
-    if d and d > at then return d - now end
+    if d and d >= at then return d - now end
     if at <= now then return nil end
   end
   redis.call('ZADD', sx, I(at), sid)

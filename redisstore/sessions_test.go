@@ -526,3 +526,54 @@ func TestHandoffAgeCountsFromTheWaitersCall(t *testing.T) {
 		t.Errorf("the keeper would count the lease alive until %v, past its session's deadline %v", keeper, session)
 	}
 }
+
+// TestHandoffExtendsSessionToARecentWaiter: a handoff to a waiter whose
+// liveness deadline (its latest call or renewal) lies past its session's
+// deadline extends the session to it, even while the session still has
+// most of a TTL left, and the lease's age counts from the waiter's call.
+// A session left at its older deadline gave the lease a looser lower bound
+// on its grant, in the keeper and in the fault suite's history check.
+func TestHandoffExtendsSessionToARecentWaiter(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	clock := newTestClock()
+	const ttl = 30 * time.Second
+	holder := sessionStore(t, c, "recent", ttl, clock, 2)
+	waiter := sessionStore(t, c, "recent", ttl, clock, 2)
+	grantNow(t, holder, "held")
+	grantNow(t, waiter, "mine") // opens the waiter's session: deadline a TTL from now
+	clock.step(ttl / 5)
+	req, _ := get(dom("a")).Normalize()
+	att, err := waiter.TryAcquire(ctx, "queued", req)
+	if err != nil || att.Outcome != budget.Queued {
+		t.Fatalf("waiter: %+v %v", att, err)
+	}
+	called := clock.Now()
+	vouched := called.Add(ttl)
+	// The session still has 7/10 of a TTL.
+	clock.step(ttl / 10)
+	if err := holder.Retire(ctx, "held", lease.All); err != nil { // hands the slot to the waiter
+		t.Fatal(err)
+	}
+	select {
+	case <-att.Wake:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no wake event for the handoff")
+	}
+	p := "rb:{" + hex.EncodeToString([]byte("recent")) + "}:"
+	d, err := c.ZScore(ctx, p+"sexp", redisstore.SessionID(waiter)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := time.UnixMicro(int64(d)); !got.Equal(vouched) {
+		t.Errorf("session deadline after the handoff %v, want %v (the waiter's liveness deadline)", got, vouched)
+	}
+	got, err := waiter.TryAcquire(ctx, "queued", req)
+	if err != nil || got.Outcome != budget.Granted {
+		t.Fatalf("after the handoff: %+v %v", got, err)
+	}
+	if want := clock.Now().Sub(called); got.GrantedAgo != want {
+		t.Errorf("handoff grant's age %v, want %v (since the waiter's call)", got.GrantedAgo, want)
+	}
+}
