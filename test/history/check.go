@@ -71,6 +71,10 @@ type Result struct {
 	// Inversions lists grants that passed a waiter that was in line before
 	// the later one arrived, and still waiting when it was granted.
 	Inversions []Inversion
+	// GrantWindow50 and GrantWindow99 are quantiles of the grants'
+	// intervals (how long before its reply a grant may have happened): the
+	// wider they are, the more orders porcupine must try.
+	GrantWindow50, GrantWindow99 time.Duration
 	// Took is how long the check ran.
 	Took time.Duration
 
@@ -126,8 +130,9 @@ func (r Result) Err() error {
 
 // Summary is one line for a FIGURE.
 func (r Result) Summary() string {
-	return fmt.Sprintf("porcupine %s on %d grants and %d retirements over %d domain(s) in %v; %d instants above a ceiling; %d grants out of arrival order among %d waiters",
-		r.Verdict, r.Grants, r.Frees, r.Domains, r.Took.Round(time.Millisecond), len(r.Over), len(r.Inversions), r.Waiters)
+	return fmt.Sprintf("porcupine %s on %d grants (intervals p50 %v, p99 %v) and %d retirements over %d domain(s) in %v; %d instants above a ceiling; %d grants out of arrival order among %d waiters",
+		r.Verdict, r.Grants, r.GrantWindow50.Round(time.Microsecond), r.GrantWindow99.Round(time.Microsecond),
+		r.Frees, r.Domains, r.Took.Round(time.Millisecond), len(r.Over), len(r.Inversions), r.Waiters)
 }
 
 // Visualize writes porcupine's HTML view of the check (per domain, every
@@ -207,12 +212,14 @@ func Check(h History, opt Options) Result {
 	res := Result{Waiters: len(h.Waiters)}
 	// opDomains keeps each operation's domains for the partition.
 	var opDomains [][]budget.Domain
+	var widths []int64
 	for i := range h.Waiters {
 		w := &h.Waiters[i]
 		if !w.Granted() {
 			continue
 		}
 		res.Grants++
+		widths = append(widths, w.GrantTo-w.GrantFrom)
 		parts := lease.Request
 		if w.Body {
 			parts |= lease.Body
@@ -220,6 +227,11 @@ func Check(h History, opt Options) Result {
 		ops = append(ops, porcupine.Operation{ClientId: clientOf(w), Call: w.GrantFrom, Return: w.GrantTo,
 			Input: input{grant: true, class: w.Class.Index(), parts: parts, lease: w.ID, call: w.GrantFrom, ret: w.GrantTo}})
 		opDomains = append(opDomains, w.Domains)
+	}
+	if len(widths) > 0 {
+		slices.Sort(widths)
+		res.GrantWindow50 = time.Duration(widths[len(widths)/2])
+		res.GrantWindow99 = time.Duration(widths[len(widths)*99/100])
 	}
 	for _, f := range h.Frees {
 		w := byID[f.Lease]
