@@ -337,7 +337,7 @@ local CUBIC_C = (1 - BETA) / (RECOVERY * RECOVERY * RECOVERY)
 -- In a function library (Library sets IN_LIBRARY once, at load) the
 -- ceilings, parsed, outlive a call: LCACHE maps a config key to them and to
 -- the limits JSON they came from. The JSON is written with them, in the same
--- HSET, so an equal JSON means equal ceilings, and a call reads 4 fields
+-- HSET, so an equal JSON means equal ceilings, and a call reads 2 fields
 -- instead of NCLASS + 6 (12 with today's six classes). A script sent by
 -- EVALSHA starts from nothing every call and reads them all at once.
 local LCACHE, LCACHED = {}, 0
@@ -354,7 +354,20 @@ local function concat(a, b)
 end
 local LIMITF = concat({'rps', 'burst', 'bodies'}, CAPF)
 local CALLF = {'qu', 'rx', 'rc', 'lt', 'co', 'tl', 'ce'}
-local LIMITF_ALL = concat(LIMITF, CALLF)
+local CALLF_RID = concat(CALLF, {'rid'})
+local LIMITF_ALL = concat(LIMITF, CALLF_RID)
+
+-- The per-call fields (CALLF, then rid) are also kept packed, as the
+-- config's field pc: CALLF's integers as big-endian 64-bit words, then the
+-- run_id that wrote the budget. A call reads pc and the JSON (2 fields)
+-- where it read 9, and unpacks 7 numbers where tonumber parsed 7 decimals
+-- (strtod on 16 digits costs more than an HGET here). Every write of a
+-- per-call field goes through cfg_put, which writes pc with it, wherever
+-- the struct library is (every Redis), so pc is never older than the
+-- fields. A config without pc (left by an older build, or a hand edit
+-- that dropped it) is read field by field, and its next write adds pc.
+local PCFMT = '>i8i8i8i8i8i8i8'
+local PCLEN = 8 * #CALLF
 
 local function parse_limits(v)
   local caps = {}
@@ -363,15 +376,17 @@ local function parse_limits(v)
 end
 
 -- A call's view of the limits: the ceilings (shared, read-only) behind the
--- fields of this call, which it updates as it goes.
+-- fields of this call, which it updates as it goes. v[k + 1..] are CALLF's
+-- fields, then rid.
 local function per_call(lim, v, k)
   for i = 1, #CALLF do lim[CALLF[i]] = tonumber(v[k + i]) or 0 end
+  lim.rid = v[k + #CALLF + 1]
   return lim
 end
 
 local function limits()
   if IN_LIBRARY then
-    local v = redis.call('HMGET', CFG, 'json', 'rid', unpack(CALLF))
+    local v = redis.call('HMGET', CFG, 'json', 'pc')
     if not v[1] then
       return nil
     end
@@ -390,7 +405,13 @@ local function limits()
       c.mt = {__index = c}
       LCACHE[CFG] = c
     end
-    return per_call(setmetatable({rid = v[2]}, c.mt), v, 2)
+    local pc = v[2]
+    if STRUCT and pc and #pc >= PCLEN then
+      local qu, rx, rc, lt, co, tl, ce = struct.unpack(PCFMT, pc)
+      local rid = #pc > PCLEN and string.sub(pc, PCLEN + 1) or false
+      return setmetatable({rid = rid, qu = qu, rx = rx, rc = rc, lt = lt, co = co, tl = tl, ce = ce}, c.mt)
+    end
+    return per_call(setmetatable({}, c.mt), redis.call('HMGET', CFG, unpack(CALLF_RID)), 0)
   end
   local v = redis.call('HMGET', CFG, unpack(LIMITF_ALL))
   if not v[1] then
@@ -405,6 +426,29 @@ end
 local function lims()
   if LIM == nil then LIM = limits() or false end
   return LIM or nil
+end
+
+-- cfg_put writes fields of the config given as name, value pairs (numbers;
+-- rid takes its string), in the call's view of the limits too, and pc with
+-- them: every write of a per-call field goes through it (see PCFMT).
+local function cfg_put(...)
+  local a = {...}
+  local lim = lims()
+  local args = {}
+  for i = 1, #a, 2 do
+    local f, x = a[i], a[i + 1]
+    if lim then lim[f] = x end
+    args[#args + 1] = f
+    args[#args + 1] = f == 'rid' and x or I(x)
+  end
+  if not lim then
+    -- No budget here (no JSON): a pc left behind must not outlive it.
+    redis.call('HDEL', CFG, 'pc')
+  elseif STRUCT then
+    args[#args + 1] = 'pc'
+    args[#args + 1] = struct.pack(PCFMT, lim.qu, lim.rx, lim.rc, lim.lt, lim.co, lim.tl, lim.ce) .. (lim.rid or '')
+  end
+  redis.call('HSET', CFG, unpack(args))
 end
 
 -- forget_limits drops what this call read under the limits (the limits
@@ -691,16 +735,12 @@ local function touch_cfg()
   local lim = lims()
   if not lim then return end
   if BACK > 0 then
-    if lim.rx ~= 0 then
-      lim.rx = 0
-      redis.call('HSET', CFG, 'rx', '0')
-    end
+    if lim.rx ~= 0 then cfg_put('rx', 0) end
     return
   end
   local raw = raw_clock()
   if lim.rx < raw + IDLE * 500 then
-    lim.rx = raw + IDLE * 1000
-    redis.call('HSET', CFG, 'rx', I(lim.rx))
+    cfg_put('rx', raw + IDLE * 1000)
     expire(CFG, IDLE)
     for _, k in ipairs({'lx', 'sexp', 'doms'}) do expire(P .. k, IDLE) end
   end
@@ -710,10 +750,7 @@ end
 -- reclaim runs when it may pass.
 local function lower_rc(at)
   local lim = lims()
-  if lim and at < lim.rc then
-    lim.rc = at
-    redis.call('HSET', CFG, 'rc', I(at))
-  end
+  if lim and at < lim.rc then cfg_put('rc', at) end
 end
 
 -- Sets the deadline of id in zset z (wexp: a waiter's liveness).
@@ -1118,7 +1155,7 @@ local function restarted()
   if not rid then return false end
   local known = redis.call('HGET', CFG, 'rid')
   if known == rid then return false end
-  redis.call('HSET', CFG, 'rid', rid)
+  cfg_put('rid', rid)
   return known ~= false
 end
 
@@ -1131,9 +1168,9 @@ end
 -- next call). Work in the number of domains and waiters, on a rare call.
 local function new_epoch(now, quarantine_us, rebuild)
   local e = math.max(now, (tonumber(redis.call('HGET', CFG, 'epoch')) or 0) + 1)
-  local f = {'epoch', I(e), 'qu', I(now + quarantine_us)}
+  local f = {'epoch', e, 'qu', now + quarantine_us}
   if rebuild then
-    f[#f + 1], f[#f + 2] = 'ce', I(e)
+    f[#f + 1], f[#f + 2] = 'ce', e
     redis.call('DEL', P .. 'lx')
     for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
       redis.call('DEL', P .. 'q:' .. enc)
@@ -1146,11 +1183,7 @@ local function new_epoch(now, quarantine_us, rebuild)
     redis.call('DEL', P .. 'wexp')
     DC = {}
   end
-  redis.call('HSET', CFG, unpack(f))
-  if LIM then
-    LIM.qu = now + quarantine_us
-    if rebuild then LIM.ce = e end
-  end
+  cfg_put(unpack(f))
   return I(e)
 end
 
@@ -1167,8 +1200,11 @@ local function vouch(lim, now, quarantine_us)
   if not IN_LIBRARY then return end
   local rid = server_rid()
   if not rid or lim.rid == rid then return end
-  lim.rid = rid
-  if restarted() then new_epoch(now, quarantine_us) end
+  if restarted() then
+    new_epoch(now, quarantine_us)
+  else
+    cfg_put('rid', rid) -- the field had it and pc did not: pc learns it
+  end
 end
 
 -- try_grant admits queued waiter wid on its stored request if it heads all
@@ -1285,8 +1321,7 @@ local function reclaim(now)
       local h = redis.call('ZRANGE', z, '0', '0', 'WITHSCORES')
       if h[2] then rc = math.min(rc, tonumber(h[2])) end
     end
-    lim.rc = rc
-    redis.call('HSET', CFG, 'rc', I(rc))
+    cfg_put('rc', rc)
   end
 end
 
@@ -1329,14 +1364,12 @@ local function group_clock(raw)
   end
   local f = {}
   if co ~= lim.co then
-    lim.co = co
-    f[#f + 1], f[#f + 2] = 'co', I(co)
+    f[#f + 1], f[#f + 2] = 'co', co
   end
   if now > lt + math.min(STEP, math.floor(j / 4)) then
-    lim.lt = now
-    f[#f + 1], f[#f + 2] = 'lt', I(now)
+    f[#f + 1], f[#f + 2] = 'lt', now
   end
-  if #f > 0 then redis.call('HSET', CFG, unpack(f)) end
+  if #f > 0 then cfg_put(unpack(f)) end
   if back then
     -- Keys renewed from now on expire earlier, by Redis's clock, than
     -- the config renewed before: the next call renews it, and the keys it

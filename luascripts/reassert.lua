@@ -100,10 +100,7 @@ if put > 0 then
   -- host that put nothing back (its leases were all there, or it held
   -- none) leaves the quarantine as it is: re-asserting late, after its
   -- first lease of the new epoch, it would otherwise stop grants again.
-  if lim.qu < now + ttl then
-    lim.qu = now + ttl
-    redis.call('HSET', CFG, 'qu', I(lim.qu))
-  end
+  if lim.qu < now + ttl then cfg_put('qu', now + ttl) end
 end
 if not last then
   for j = 1, #ids, 1000 do

@@ -75,11 +75,11 @@ if not stored then
   -- records go and the counts read as zero (lib.lua, Clock jumps). Its
   -- group clock starts at TIME.
   redis.call('DEL', P .. 'lx')
-  redis.call('HSET', CFG, 'epoch', I(now), 'ce', I(now), 'lt', I(now), 'co', '0')
-  if lost == 1 then redis.call('HSET', CFG, 'qu', I(now + quarantine)) end
+  cfg_put('epoch', now, 'ce', now, 'lt', now, 'co', 0)
+  if lost == 1 then cfg_put('qu', now + quarantine) end
 end
 if quarantine > (tonumber(redis.call('HGET', CFG, 'tl')) or 0) then
-  redis.call('HSET', CFG, 'tl', I(quarantine))
+  cfg_put('tl', quarantine)
 end
 redis.call('HSETNX', CFG, 'epoch', I(now))
 redis.call('HSETNX', CFG, 'seq', 0)

@@ -2,6 +2,8 @@ package redisstore_test
 
 import (
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -9,6 +11,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -153,6 +156,8 @@ type diffLease struct {
 
 type differ struct {
 	t      *testing.T
+	c      redis.UniversalClient
+	cfg    string // the budget's config key
 	seed   uint64
 	rng    *rand.Rand
 	clock  *fakeClock
@@ -184,7 +189,8 @@ func newDiffer(t *testing.T, c redis.UniversalClient, seed uint64, opts []rediss
 	t.Cleanup(func() { mem.Close() })
 	pool := []budget.Domain{{Version: 1, ID: "a"}, {Version: 1, ID: "b"}, {Version: 2, ID: "a"}, {Version: 1, ID: "{c}:d"}, {Version: 1, ID: "e f"}}
 	pool = pool[:3+rng.IntN(3)]
-	return &differ{t: t, seed: seed, rng: rng, clock: clock, mem: mem, red: red, pool: pool, seen: map[string]int{}}
+	return &differ{t: t, c: c, cfg: "rb:{" + hex.EncodeToString([]byte(name)) + "}:cfg",
+		seed: seed, rng: rng, clock: clock, mem: mem, red: red, pool: pool, seen: map[string]int{}}
 }
 
 // randomLimits draws limits of every shape: a rate with or without its own
@@ -255,6 +261,44 @@ func (d *differ) run(steps int) {
 func (d *differ) step(format string, a ...any) {
 	d.steps = append(d.steps, fmt.Sprintf(format, a...))
 	d.compareUsage()
+	if err := packedConfigAgrees(d.ctx(), d.c, d.cfg); err != nil {
+		d.fail("%v", err)
+	}
+}
+
+// packedConfigAgrees checks the config's pc (lib.lua: the per-call fields
+// packed, which the scripts read in place of the fields) against the
+// fields themselves, which budgetctl, the tests and older builds read.
+// A config without pc (miniredis has no struct library) passes.
+func packedConfigAgrees(ctx context.Context, c redis.UniversalClient, cfg string) error {
+	h, err := c.HGetAll(ctx, cfg).Result()
+	if err != nil {
+		return err
+	}
+	pc, ok := h["pc"]
+	if !ok {
+		return nil
+	}
+	fields := []string{"qu", "rx", "rc", "lt", "co", "tl", "ce"}
+	if len(pc) < 8*len(fields) {
+		return fmt.Errorf("config %s: pc is %d bytes, want at least %d", cfg, len(pc), 8*len(fields))
+	}
+	for i, f := range fields {
+		packed := int64(binary.BigEndian.Uint64([]byte(pc[8*i:])))
+		var stored int64
+		if v, ok := h[f]; ok {
+			if stored, err = strconv.ParseInt(v, 10, 64); err != nil {
+				return fmt.Errorf("config %s: field %s is %q", cfg, f, v)
+			}
+		}
+		if packed != stored {
+			return fmt.Errorf("config %s: pc says %s = %d, the field %d", cfg, f, packed, stored)
+		}
+	}
+	if rid := pc[8*len(fields):]; rid != h["rid"] {
+		return fmt.Errorf("config %s: pc says rid = %q, the field %q", cfg, rid, h["rid"])
+	}
+	return nil
 }
 
 // fail reports the first step that differed, with the sequence up to it.

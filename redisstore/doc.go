@@ -246,6 +246,14 @@
 // jump forward is taken as time passed (a bucket fills, a pause ends
 // early). FAULTS.md, scenario 22, moves a real server's clock.
 //
+// The config's fields that every call reads (the quarantine's end, the
+// clock's offset, reclaim's next due time and the others) are also kept
+// packed in one field, pc, which the scripts read in their place and
+// rewrite with every change: seven numbers unpacked cost less than seven
+// decimals parsed. An operator who edits one of those fields by hand
+// should delete pc in the same MULTI, so that the scripts read the fields
+// (and write pc again at their next change).
+//
 // Nothing is admitted without Redis. A call that fails on the network, on
 // BUSY, OOM, LOADING or a failover returns an error wrapping
 // budget.ErrUnavailable, which the budget retries within its grace. Errors

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
 	"github.com/runbudget/runbudget/internal/redistest"
 	"github.com/runbudget/runbudget/lease"
@@ -307,7 +308,12 @@ func TestRenewNudgesInQuarantine(t *testing.T) {
 		t.Fatal(err)
 	}
 	co, _ := c.HGet(ctx, cfg, "co").Int64()
-	if err := c.HSet(ctx, cfg, "qu", now.UnixMicro()+co+renewTTL.Microseconds()).Err(); err != nil {
+	// pc, the packed copy scripts read, goes with the edit (see lib.lua).
+	if _, err := c.TxPipelined(ctx, func(tx redis.Pipeliner) error {
+		tx.HSet(ctx, cfg, "qu", now.UnixMicro()+co+renewTTL.Microseconds())
+		tx.HDel(ctx, cfg, "pc")
+		return nil
+	}); err != nil {
 		t.Fatal(err)
 	}
 	// The next renewal comes within TTL/3; the waiter's safety call, three

@@ -1,0 +1,396 @@
+// Command callgrind counts the instructions Redis spends per admission,
+// with redis-server run under valgrind's callgrind. Instructions, unlike
+// seconds, repeat to a fraction of a percent for the same binary and
+// workload whatever else the machine runs, so a change to the scripts can
+// be judged by one run on each side even on a busy machine. It is a
+// measuring tool for the scripts' authors, not part of `go run ./bench`.
+//
+//	go run ./bench/callgrind [-n 2000] [-domains 1] [-ahead 8]
+//
+// Three fixed sequential workloads, each after a warm-up, with the
+// counters zeroed before and dumped after:
+//   - contended: per admission, one acquire that queues a new waiter behind
+//     ahead others and one retire that hands the slot to the head (what P3
+//     and P4 do under contention);
+//   - uncontended: per admission, an acquire granted at once and a retire
+//     with nobody waiting (P1);
+//   - prelude: a retire of a lease nobody holds (what every script does
+//     before its own work);
+//   - noop: a script that returns 1, sent by EVALSHA (the P3 floor).
+//
+// Calls go one at a time through redisstore's Store, so none is batched.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/lease"
+	"github.com/runbudget/runbudget/luascripts"
+	"github.com/runbudget/runbudget/redisstore"
+)
+
+func main() {
+	n := flag.Int("n", 2000, "admissions (or no-op calls) counted per workload")
+	domains := flag.Int("domains", 1, "domains per request")
+	ahead := flag.Int("ahead", 8, "waiters queued ahead in the contended workload")
+	keep := flag.Bool("keep", false, "keep the callgrind output files (their paths are printed)")
+	probes := flag.Bool("probes", false, "also count pieces of the scripts' prelude, run alone")
+	flag.Parse()
+	if err := run(*n, *domains, *ahead, *keep, *probes); err != nil {
+		fmt.Fprintln(os.Stderr, "callgrind:", err)
+		os.Exit(1)
+	}
+}
+
+func run(n, domains, ahead int, keep, probes bool) error {
+	for _, tool := range []string{"valgrind", "callgrind_control", "redis-server"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("%s is needed: %w", tool, err)
+		}
+	}
+	dir, err := os.MkdirTemp("", "rb-callgrind-")
+	if err != nil {
+		return err
+	}
+	if !keep {
+		defer os.RemoveAll(dir)
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	out := filepath.Join(dir, "callgrind.out")
+	// Counting starts zeroed by callgrind_control; dumps go to out.<n>.
+	cmd := exec.Command("valgrind", "--tool=callgrind", "--callgrind-out-file="+out,
+		"redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", dir)
+	cmd.Stdout, cmd.Stderr = nil, nil
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	pid := cmd.Process.Pid
+	defer func() {
+		cmd.Process.Signal(os.Interrupt)
+		cmd.Wait()
+	}()
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), PoolSize: 2, ContextTimeoutEnabled: true,
+		ReadTimeout: time.Minute, WriteTimeout: time.Minute})
+	defer c.Close()
+	for deadline := time.Now().Add(time.Minute); c.Ping(ctx).Err() != nil; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return errors.New("redis-server under valgrind did not answer within a minute")
+		}
+	}
+	counted := func(name string, warm int, op func() error) (float64, error) {
+		for range warm {
+			if err := op(); err != nil {
+				return 0, err
+			}
+		}
+		if err := exec.Command("callgrind_control", "-z", strconv.Itoa(pid)).Run(); err != nil {
+			return 0, fmt.Errorf("zeroing counters: %w", err)
+		}
+		for range n {
+			if err := op(); err != nil {
+				return 0, err
+			}
+		}
+		if err := exec.Command("callgrind_control", "-d", name, strconv.Itoa(pid)).Run(); err != nil {
+			return 0, fmt.Errorf("dumping counters: %w", err)
+		}
+		ir, path, err := lastDump(dir)
+		if err != nil {
+			return 0, err
+		}
+		if keep {
+			fmt.Printf("  %s: %s\n", name, path)
+		}
+		return float64(ir) / float64(n), nil
+	}
+
+	l, err := contendedLine(ctx, c, domains, ahead)
+	if err != nil {
+		return err
+	}
+	ic, err := counted("contended", 200, l.admission)
+	if err != nil {
+		return fmt.Errorf("contended: %w", err)
+	}
+	// Its two halves apart: n waiters join the line, then n handoffs
+	// shorten it again.
+	iq, err := counted("queue", 0, l.queue)
+	if err != nil {
+		return fmt.Errorf("queue: %w", err)
+	}
+	ih, err := counted("handoff", 0, l.handoff)
+	if err != nil {
+		return fmt.Errorf("handoff: %w", err)
+	}
+	uncontended, err := uncontendedOp(ctx, c, domains)
+	if err != nil {
+		return err
+	}
+	iu, err := counted("uncontended", 200, uncontended)
+	if err != nil {
+		return fmt.Errorf("uncontended: %w", err)
+	}
+	// A retire of a lease nobody holds: every script's prelude (the
+	// arguments, the clock, the limits, reclaim's check) and one HGET.
+	ps, err := newStore(ctx, c, "cg-prelude")
+	if err != nil {
+		return err
+	}
+	ip, err := counted("prelude", 200, func() error { return ps.Retire(ctx, "nobody", lease.All) })
+	if err != nil {
+		return fmt.Errorf("prelude: %w", err)
+	}
+	if probes {
+		if err := probe(ctx, c, counted); err != nil {
+			return fmt.Errorf("probes: %w", err)
+		}
+	}
+	noop := redis.NewScript("return 1")
+	if err := noop.Load(ctx, c).Err(); err != nil {
+		return err
+	}
+	in, err := counted("noop", 200, func() error { return noop.EvalSha(ctx, c, nil).Err() })
+	if err != nil {
+		return fmt.Errorf("noop: %w", err)
+	}
+	fmt.Printf("Redis instructions, %d domain(s), %d counted each:\n", domains, n)
+	fmt.Printf("  contended admission (queued acquire + handing-off retire, %d ahead): %.0f (%.2fx no-op)\n", ahead, ic, ic/in)
+	fmt.Printf("    an acquire that queues: %.0f; a retire that hands off: %.0f\n", iq, ih)
+	fmt.Printf("  uncontended Acquire+Release: %.0f (%.2fx no-op)\n", iu, iu/in)
+	fmt.Printf("  retire of an unknown lease (the prelude): %.0f (%.2fx no-op)\n", ip, ip/in)
+	fmt.Printf("  no-op EVALSHA: %.0f\n", in)
+	return nil
+}
+
+func request(domains int) (budget.Request, error) {
+	req := budget.Request{Class: budget.OpGet, Consumer: "callgrind"}
+	for i := range domains {
+		req.Domains = append(req.Domains, budget.Domain{Version: 1, ID: "d" + strconv.Itoa(i)})
+	}
+	return req.Normalize()
+}
+
+func newStore(ctx context.Context, c *redis.Client, name string) (*redisstore.Store, error) {
+	s, err := redisstore.New(c, name, redisstore.WithLeaseTTL(time.Hour))
+	if err != nil {
+		return nil, err
+	}
+	err = s.Register(ctx, budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 1}}, false)
+	return s, err
+}
+
+// line is a holder of the one slot and the waiters queued behind it.
+type line struct {
+	ctx     context.Context
+	s       *redisstore.Store
+	req     budget.Request
+	holder  string
+	waiters []string
+}
+
+func (l *line) try(want budget.Outcome) (string, error) {
+	id := uuid.NewString()
+	a, err := l.s.TryAcquire(l.ctx, id, l.req)
+	if err == nil && a.Outcome != want {
+		err = fmt.Errorf("acquire: outcome %v, want %v", a.Outcome, want)
+	}
+	return id, err
+}
+
+// queue adds a waiter at the back of the line: an acquire that queues.
+func (l *line) queue() error {
+	id, err := l.try(budget.Queued)
+	l.waiters = append(l.waiters, id)
+	return err
+}
+
+// handoff retires the holder's lease, which the retire hands to the head.
+func (l *line) handoff() error {
+	if len(l.waiters) == 0 {
+		return errors.New("nobody in line to hand the slot to")
+	}
+	if err := l.s.Retire(l.ctx, l.holder, lease.All); err != nil {
+		return err
+	}
+	l.holder, l.waiters = l.waiters[0], l.waiters[1:]
+	return nil
+}
+
+// admission is one contended admission: a waiter queues at the back and
+// the holder's slot goes to the head.
+func (l *line) admission() error {
+	if err := l.queue(); err != nil {
+		return err
+	}
+	return l.handoff()
+}
+
+// contendedLine returns a line of ahead waiters behind a holder. Its
+// store is closed with the process.
+func contendedLine(ctx context.Context, c *redis.Client, domains, ahead int) (*line, error) {
+	s, err := newStore(ctx, c, "cg-contended")
+	if err != nil {
+		return nil, err
+	}
+	req, err := request(domains)
+	if err != nil {
+		return nil, err
+	}
+	l := &line{ctx: ctx, s: s, req: req}
+	if l.holder, err = l.try(budget.Granted); err != nil {
+		return nil, err
+	}
+	for range ahead {
+		if err := l.queue(); err != nil {
+			return nil, err
+		}
+	}
+	return l, nil
+}
+
+func uncontendedOp(ctx context.Context, c *redis.Client, domains int) (func() error, error) {
+	s, err := newStore(ctx, c, "cg-uncontended")
+	if err != nil {
+		return nil, err
+	}
+	req, err := request(domains)
+	if err != nil {
+		return nil, err
+	}
+	return func() error {
+		id := uuid.NewString()
+		a, err := s.TryAcquire(ctx, id, req)
+		if err != nil {
+			return err
+		}
+		if a.Outcome != budget.Granted {
+			return fmt.Errorf("uncontended acquire: outcome %v", a.Outcome)
+		}
+		return s.Retire(ctx, id, lease.All)
+	}, nil
+}
+
+// lastDump returns the total instructions (the "summary:" or "totals:"
+// line) of the newest dump in dir, and its path.
+func lastDump(dir string) (int64, string, error) {
+	matches, _ := filepath.Glob(filepath.Join(dir, "callgrind.out.*"))
+	var newest string
+	var newestAt time.Time
+	for _, m := range matches {
+		if fi, err := os.Stat(m); err == nil && fi.ModTime().After(newestAt) {
+			newest, newestAt = m, fi.ModTime()
+		}
+	}
+	if newest == "" {
+		return 0, "", errors.New("callgrind wrote no dump")
+	}
+	f, err := os.Open(newest)
+	if err != nil {
+		return 0, "", err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		for _, p := range []string{"summary:", "totals:"} {
+			if v, ok := strings.CutPrefix(line, p); ok {
+				ir, err := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+				return ir, newest, err
+			}
+		}
+	}
+	return 0, "", fmt.Errorf("%s holds no totals line", newest)
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// probeFns are pieces of what every script does, registered beside a copy
+// of the library so that they run with its helpers and caches; cfg-prelude
+// is the budget probed, registered by the prelude workload.
+var probeFns = []struct{ name, body string }{
+	{"empty", "return 1"},
+	{"begin", "begin(KEYS, ARGV) return 1"},
+	{"clock", "begin(KEYS, ARGV) clock() return 1"},
+	{"prelude", "begin(KEYS, ARGV) local now = clock() touch_cfg(now) reclaim(now) return done({R_OK})"},
+	{"hmget9", "redis.call('HMGET', KEYS[1], 'json', 'rid', 'qu', 'rx', 'rc', 'lt', 'co', 'tl', 'ce') return 1"},
+	{"tonumber7", "local x = 0 for i = 1, 7 do x = x + tonumber(ARGV[4]) end return 1"},
+	{"format7", "local x for i = 1, 7 do x = I(1900000000123456 + i) end return 1"},
+	{"get", "redis.call('GET', KEYS[1] .. 'x') return 1"},
+	{"hget", "redis.call('HGET', KEYS[1], 'rid') return 1"},
+	{"hmget3", "redis.call('HMGET', KEYS[1], 'json', 'rid', 'qu') return 1"},
+	{"time", "redis.call('TIME') return 1"},
+	{"tables4", "local a, b, c, d = {}, {}, {}, {} return 1"},
+	{"sub2", "local a, b = string.sub(KEYS[1], -4), string.sub(KEYS[1], 1, -4) return 1"},
+	{"limits", "begin(KEYS, ARGV) lims() return 1"},
+}
+
+func probe(ctx context.Context, c *redis.Client, counted func(string, int, func() error) (float64, error)) error {
+	_, src, fns := luascripts.Library()
+	tag := strings.TrimSuffix(strings.TrimPrefix(fns["retire"], "rb_"), "_retire")
+	// The copy gets names of its own: a function name is Redis-wide.
+	first, rest, _ := strings.Cut(src, "\n")
+	if !strings.HasPrefix(first, "#!lua name=") {
+		return errors.New("the library does not start with its name")
+	}
+	var b strings.Builder
+	b.WriteString("#!lua name=rbprobe\n")
+	b.WriteString(strings.ReplaceAll(rest, "rb_"+tag+"_", "rbprobe_"))
+	for _, p := range probeFns {
+		fmt.Fprintf(&b, "\nredis.register_function('probe_%s', function(KEYS, ARGV) %s end)\n", p.name, p.body)
+	}
+	if err := c.FunctionLoad(ctx, b.String()).Err(); err != nil {
+		return err
+	}
+	if err := c.FunctionLoad(ctx, "#!lua name=rbtiny\nredis.register_function('tiny_empty', function() return 1 end)").Err(); err != nil {
+		return err
+	}
+	cfg := "rb:{" + hex.EncodeToString([]byte("cg-prelude")) + "}:cfg"
+	// The common arguments as the store sends them: its idle TTL is
+	// 20 lease TTLs (an hour here).
+	args := []any{"PUBLISH", strconv.Itoa(20 * 3600 * 1000), "", "1900000000123456"}
+	fcall := func(fn string) func() error {
+		return func() error { return c.FCall(ctx, fn, []string{cfg}, args...).Err() }
+	}
+	fmt.Println("probes (instructions per call):")
+	v, err := counted("tiny_empty", 200, fcall("tiny_empty"))
+	if err != nil {
+		return err
+	}
+	fmt.Printf("  %-10s %8.0f  (an empty function in a library of its own)\n", "empty", v)
+	for _, p := range probeFns {
+		v, err := counted("probe_"+p.name, 200, fcall("probe_"+p.name))
+		if err != nil {
+			return fmt.Errorf("%s: %w", p.name, err)
+		}
+		fmt.Printf("  %-10s %8.0f  %s\n", p.name, v, p.body)
+	}
+	return nil
+}
