@@ -110,6 +110,7 @@ else
     end
   end
   if empty then
+    for _, d in ipairs(doms) do d.dirty = true end -- check refills buckets
     local slot, wait = check(req, doms, lim, now)
     if not slot and wait == 0 then
       local left = grant(req, doms, lim, now)
@@ -124,6 +125,7 @@ else
     local h = hticket[d.q]
     if not (h and h < ticket) then HEADS[d.q] = nil end
     expire(d.q, IDLE)
+    if d.qf ~= 1 then d.dirty = true end
     d.qf = 1 -- saved on every way out below
   end
   wsave(id, {t = ticket, c = class, b = body, at = now, ttl = ttl, ch = ch, sn = sid,
@@ -139,9 +141,10 @@ for _, d in ipairs(doms) do
     if not joined then expire(d.q, IDLE) end
     if joined then
       -- Each domain now says its queue may hold waiters (dsave writes
-      -- only those that changed). A domain first met by this waiter is
-      -- saved too, which lists it in doms for Usage.
-      for _, e in ipairs(doms) do dsave(e, now, lim) end
+      -- only those that changed, and renews a TTL that is due). A domain
+      -- first met by this waiter is saved too, which lists it in doms for
+      -- Usage.
+      for _, e in ipairs(doms) do dsave(e, now, lim, true) end
     end
     return done({R_QUEUED})
   end

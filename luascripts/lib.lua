@@ -236,7 +236,7 @@ end
 -- repeats as for int: a process's channel or session, not a waiter's id.
 local function id_arg(v, name, repeats)
   if repeats and known(name, v, 0, 0) then return v end
-  if type(v) ~= 'string' or #v == 0 or #v > 200 or string.find(v, '[%s]') then
+  if type(v) ~= 'string' or #v == 0 or #v > 200 or string.find(v, '%s') then
     bad(name .. ' is malformed')
   end
   if repeats then return passed(name, v, v, 0, 0) end
@@ -320,8 +320,17 @@ local function expiry(ms)
   return math.floor((real_clock() + BACK) / 1000) + ms
 end
 
+-- The same as the PXAT argument, formatted once for all the keys a call
+-- renews for the same time (most are renewed for the idle TTL).
+local EXPAT = {}
+local function expiry_arg(ms)
+  local at = expiry(ms)
+  if EXPAT.at ~= at then EXPAT.at, EXPAT.s = at, I(at) end
+  return EXPAT.s
+end
+
 local function expire(key, ms)
-  redis.call('PEXPIREAT', key, I(expiry(ms)))
+  redis.call('PEXPIREAT', key, expiry_arg(ms))
 end
 
 -- Mirrors of budget/throttle.go. Change both together.
@@ -608,7 +617,7 @@ local function dload(enc)
     -- Counts of an epoch before the last rebuild (Clock jumps): its
     -- leases are gone, and re-assertion counts the live ones again.
     for c = 1, NCLASS do d.f[c] = 0 end
-    d.b, d.ep = 0, lim.ce
+    d.b, d.ep, d.dirty = 0, lim.ce, true
   end
   -- On the group clock no stored time lies ahead of now but a bucket held
   -- back by a pause. A domain that outlived its config may keep the times
@@ -699,7 +708,10 @@ end
 -- is not met or when less than half an idle period is left, else the value
 -- keeps its TTL (SET KEEPTTL). lim is nil when the config is gone (a
 -- retirement can still run): then only the pause counts as a hard need.
-local function dsave(d, now, lim)
+-- clean says the caller changed nothing since dload and no one else did
+-- (d.dirty): then only a TTL renewal that is due writes, and the value is
+-- not packed just to be compared (a pack costs as much as a command).
+local function dsave(d, now, lim, clean)
   local hard = 0
   if lim and d.bk == 1 then
     local r, burst = rate(d, now, lim)
@@ -713,16 +725,17 @@ local function dsave(d, now, lim)
   local raw = raw_clock() -- the clock key TTLs run on
   local renew = d.rx < raw + hard * 1000 or d.rx < raw + IDLE * 500
   local ttl = math.max(IDLE, hard)
+  if clean and not renew and not d.new and not d.dirty then return end
   if renew then d.rx = raw + ttl * 1000 end
   local s = DPACK(d)
   if renew then
-    redis.call('SET', d.key, s, 'PXAT', I(expiry(ttl)))
+    redis.call('SET', d.key, s, 'PXAT', expiry_arg(ttl))
     redis.call('ZADD', P .. 'doms', I(raw), d.enc)
     expire(P .. 'doms', IDLE)
   elseif s ~= d.s then
     redis.call('SET', d.key, s, 'KEEPTTL')
   end
-  d.s, d.new = s, false
+  d.s, d.new, d.dirty = s, false, false
 end
 
 -- Renews the config hash's TTL when half of it is spent, and with it those
@@ -789,7 +802,8 @@ end
 -- have died since its last call: it creates or extends the session to the
 -- waiter's own liveness deadline (or a TTL from now, if sooner) and no
 -- further, so a crashed process's leases are not kept past what its last
--- call or renewal vouched for.
+-- call or renewal vouched for. It returns that deadline too (nil if the
+-- waiter has none), which the wake message needs.
 local function session(sid, ttl, now, wid)
   local sx = P .. 'sexp'
   local d = tonumber(redis.call('ZSCORE', sx, sid))
@@ -799,15 +813,15 @@ local function session(sid, ttl, now, wid)
   elseif redis.call('ZSCORE', P .. 'sgone', sid) then
     return nil
   end
-  local at = now + ttl
+  local at, live = now + ttl, nil
   if wid then
     -- A handoff extends the session as far as the waiter's liveness
     -- deadline whenever that is later: its process vouched for it by its
     -- latest call or renewal, and the waiter then counts its lease from
     -- that call, not from an older heartbeat.
-    local live = tonumber(redis.call('ZSCORE', P .. 'wexp', wid))
+    live = tonumber(redis.call('ZSCORE', P .. 'wexp', wid))
     if live and live < at then at = live end
-    if d and d >= at then return d - now end
+    if d and d >= at then return d - now, live end
     if at <= now then return nil end
   end
   redis.call('ZADD', sx, I(at), sid)
@@ -815,7 +829,7 @@ local function session(sid, ttl, now, wid)
     expire(sx, IDLE)
     lower_rc(at)
   end
-  return at - now
+  return at - now, live
 end
 
 -- Adds lease id to session sid's set.
@@ -890,7 +904,7 @@ end
 
 -- Writes waiter wid's record w and renews its key's TTL.
 local function wsave(wid, w)
-  redis.call('SET', P .. 'w:' .. wid, wpack(w), 'PXAT', I(expiry(IDLE)))
+  redis.call('SET', P .. 'w:' .. wid, wpack(w), 'PXAT', expiry_arg(IDLE))
   WC[wid] = w
 end
 
@@ -1079,9 +1093,10 @@ end
 -- grant charges req to its domains and records the lease in its session;
 -- check has just refilled the buckets at now. Returns the time (us) the
 -- lease has to live, or nil, having changed nothing, when req's session
--- is dead.
+-- is dead; and for a handoff the waiter's liveness deadline, as session
+-- read it.
 local function grant(req, doms, lim, now)
-  local left = session(req.sid, req.ttl, now, req.handoff and req.id)
+  local left, live = session(req.sid, req.ttl, now, req.handoff and req.id)
   if not left then return nil end
   local ci = req.class + 1
   for _, d in ipairs(doms) do
@@ -1106,7 +1121,7 @@ local function grant(req, doms, lim, now)
     #encs == 1 and encs[1] or table.concat(encs, ','), req.consumer))
   expire(lx, IDLE)
   join(req.sid, req.id)
-  return left
+  return left, live
 end
 
 -- decide is the one admission decision for a queued waiter that heads all
@@ -1119,11 +1134,11 @@ local function decide(req, doms, lim, now)
   local slot, wait = check(req, doms, lim, now)
   if slot then return 'blocked', 0 end
   if wait > 0 then return 'wait', wait end
-  local left = grant(req, doms, lim, now)
+  local left, live = grant(req, doms, lim, now)
   if not left then return 'gone', 0 end
   -- A handoff tells the waiter its session's deadline against its own
-  -- liveness deadline (try_grant), read before the waiter goes.
-  local live = req.handoff and tonumber(redis.call('ZSCORE', P .. 'wexp', req.id))
+  -- liveness deadline (try_grant), which session read before the waiter
+  -- goes.
   remove_waiter(req.id)
   return 'granted', left, live
 end
