@@ -252,7 +252,9 @@
 // rewrite with every change: seven numbers unpacked cost less than seven
 // decimals parsed. An operator who edits one of those fields by hand
 // should delete pc in the same MULTI, so that the scripts read the fields
-// (and write pc again at their next change).
+// (and write pc again at their next change). A host of a build before pc
+// writes the fields alone: one more reason hosts of different builds must
+// not share a budget (above).
 //
 // Nothing is admitted without Redis. A call that fails on the network, on
 // BUSY, OOM, LOADING or a failover returns an error wrapping
