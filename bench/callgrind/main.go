@@ -7,15 +7,17 @@
 //
 //	go run ./bench/callgrind [-n 2000] [-domains 1] [-ahead 8]
 //
-// Three fixed sequential workloads, each after a warm-up, with the
-// counters zeroed before and dumped after:
+// Fixed sequential workloads, each after a warm-up, with the counters
+// zeroed before and dumped after:
 //   - contended: per admission, one acquire that queues a new waiter behind
 //     ahead others and one retire that hands the slot to the head (what P3
-//     and P4 do under contention);
+//     and P4 do under contention), then each half apart;
 //   - uncontended: per admission, an acquire granted at once and a retire
 //     with nobody waiting (P1);
 //   - prelude: a retire of a lease nobody holds (what every script does
 //     before its own work);
+//   - redis_rate: an Allow of go-redis's GCRA limiter (P1c's and P3r's
+//     peer);
 //   - noop: a script that returns 1, sent by EVALSHA (the P3 floor).
 //
 // Calls go one at a time through redisstore's Store, so none is batched.
@@ -36,6 +38,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-redis/redis_rate/v10"
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
@@ -89,13 +92,37 @@ func run(n, domains, ahead int, keep, probes bool) error {
 		cmd.Wait()
 	}()
 	ctx := context.Background()
-	c := redis.NewClient(&redis.Options{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), PoolSize: 2, ContextTimeoutEnabled: true,
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	// Under valgrind the server takes seconds to listen: wait for the port
+	// before a client exists, so that its pool does not log failed dials.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		if conn, err := net.Dial("tcp", addr); err == nil {
+			conn.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			return errors.New("redis-server under valgrind did not listen within a minute")
+		}
+	}
+	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 2, ContextTimeoutEnabled: true,
 		ReadTimeout: time.Minute, WriteTimeout: time.Minute})
 	defer c.Close()
-	for deadline := time.Now().Add(time.Minute); c.Ping(ctx).Err() != nil; time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			return errors.New("redis-server under valgrind did not answer within a minute")
+	if err := c.Ping(ctx).Err(); err != nil {
+		return err
+	}
+	var stores []*redisstore.Store
+	defer func() {
+		for _, s := range stores {
+			s.Close()
 		}
+	}()
+	newStore := func(name string) (*redisstore.Store, error) {
+		s, err := redisstore.New(c, name, redisstore.WithLeaseTTL(time.Hour))
+		if err != nil {
+			return nil, err
+		}
+		stores = append(stores, s)
+		return s, s.Register(ctx, budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 1}}, false)
 	}
 	counted := func(name string, warm int, op func() error) (float64, error) {
 		for range warm {
@@ -124,7 +151,11 @@ func run(n, domains, ahead int, keep, probes bool) error {
 		return float64(ir) / float64(n), nil
 	}
 
-	l, err := contendedLine(ctx, c, domains, ahead)
+	cs, err := newStore("cg-contended")
+	if err != nil {
+		return err
+	}
+	l, err := contendedLine(ctx, cs, domains, ahead)
 	if err != nil {
 		return err
 	}
@@ -142,7 +173,11 @@ func run(n, domains, ahead int, keep, probes bool) error {
 	if err != nil {
 		return fmt.Errorf("handoff: %w", err)
 	}
-	uncontended, err := uncontendedOp(ctx, c, domains)
+	us, err := newStore("cg-uncontended")
+	if err != nil {
+		return err
+	}
+	uncontended, err := uncontendedOp(ctx, us, domains)
 	if err != nil {
 		return err
 	}
@@ -152,7 +187,7 @@ func run(n, domains, ahead int, keep, probes bool) error {
 	}
 	// A retire of a lease nobody holds: every script's prelude (the
 	// arguments, the clock, the limits, reclaim's check) and one HGET.
-	ps, err := newStore(ctx, c, "cg-prelude")
+	ps, err := newStore("cg-prelude")
 	if err != nil {
 		return err
 	}
@@ -164,6 +199,17 @@ func run(n, domains, ahead int, keep, probes bool) error {
 		if err := probe(ctx, c, counted); err != nil {
 			return fmt.Errorf("probes: %w", err)
 		}
+	}
+	// P3r's and P1c's peer: a redis_rate Allow (GCRA), over 100 keys.
+	gcra := redis_rate.NewLimiter(c)
+	var key int
+	ir, err := counted("redis_rate", 200, func() error {
+		key = (key + 1) % 100
+		_, err := gcra.Allow(ctx, "cg-gcra:"+strconv.Itoa(key), redis_rate.PerSecond(1_000_000))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("redis_rate: %w", err)
 	}
 	noop := redis.NewScript("return 1")
 	if err := noop.Load(ctx, c).Err(); err != nil {
@@ -178,6 +224,8 @@ func run(n, domains, ahead int, keep, probes bool) error {
 	fmt.Printf("    an acquire that queues: %.0f; a retire that hands off: %.0f\n", iq, ih)
 	fmt.Printf("  uncontended Acquire+Release: %.0f (%.2fx no-op)\n", iu, iu/in)
 	fmt.Printf("  retire of an unknown lease (the prelude): %.0f (%.2fx no-op)\n", ip, ip/in)
+	fmt.Printf("  redis_rate Allow: %.0f (%.2fx no-op); a contended admission is %.2f of them, an uncontended one %.2f\n",
+		ir, ir/in, ic/ir, iu/ir)
 	fmt.Printf("  no-op EVALSHA: %.0f\n", in)
 	return nil
 }
@@ -188,15 +236,6 @@ func request(domains int) (budget.Request, error) {
 		req.Domains = append(req.Domains, budget.Domain{Version: 1, ID: "d" + strconv.Itoa(i)})
 	}
 	return req.Normalize()
-}
-
-func newStore(ctx context.Context, c *redis.Client, name string) (*redisstore.Store, error) {
-	s, err := redisstore.New(c, name, redisstore.WithLeaseTTL(time.Hour))
-	if err != nil {
-		return nil, err
-	}
-	err = s.Register(ctx, budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 1}}, false)
-	return s, err
 }
 
 // line is a holder of the one slot and the waiters queued behind it.
@@ -245,13 +284,8 @@ func (l *line) admission() error {
 	return l.handoff()
 }
 
-// contendedLine returns a line of ahead waiters behind a holder. Its
-// store is closed with the process.
-func contendedLine(ctx context.Context, c *redis.Client, domains, ahead int) (*line, error) {
-	s, err := newStore(ctx, c, "cg-contended")
-	if err != nil {
-		return nil, err
-	}
+// contendedLine returns a line of ahead waiters behind a holder on s.
+func contendedLine(ctx context.Context, s *redisstore.Store, domains, ahead int) (*line, error) {
 	req, err := request(domains)
 	if err != nil {
 		return nil, err
@@ -268,11 +302,7 @@ func contendedLine(ctx context.Context, c *redis.Client, domains, ahead int) (*l
 	return l, nil
 }
 
-func uncontendedOp(ctx context.Context, c *redis.Client, domains int) (func() error, error) {
-	s, err := newStore(ctx, c, "cg-uncontended")
-	if err != nil {
-		return nil, err
-	}
+func uncontendedOp(ctx context.Context, s *redisstore.Store, domains int) (func() error, error) {
 	req, err := request(domains)
 	if err != nil {
 		return nil, err
@@ -291,14 +321,14 @@ func uncontendedOp(ctx context.Context, c *redis.Client, domains int) (func() er
 }
 
 // lastDump returns the total instructions (the "summary:" or "totals:"
-// line) of the newest dump in dir, and its path.
+// line) of the latest dump in dir (callgrind numbers them out.1, out.2,
+// ...), and its path.
 func lastDump(dir string) (int64, string, error) {
 	matches, _ := filepath.Glob(filepath.Join(dir, "callgrind.out.*"))
-	var newest string
-	var newestAt time.Time
+	latest, newest := 0, ""
 	for _, m := range matches {
-		if fi, err := os.Stat(m); err == nil && fi.ModTime().After(newestAt) {
-			newest, newestAt = m, fi.ModTime()
+		if k, err := strconv.Atoi(m[strings.LastIndex(m, ".")+1:]); err == nil && k > latest {
+			latest, newest = k, m
 		}
 	}
 	if newest == "" {
@@ -315,7 +345,11 @@ func lastDump(dir string) (int64, string, error) {
 		line := sc.Text()
 		for _, p := range []string{"summary:", "totals:"} {
 			if v, ok := strings.CutPrefix(line, p); ok {
-				ir, err := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+				fields := strings.Fields(v)
+				if len(fields) == 0 {
+					return 0, "", fmt.Errorf("%s: an empty %s line", newest, p)
+				}
+				ir, err := strconv.ParseInt(fields[0], 10, 64)
 				return ir, newest, err
 			}
 		}
