@@ -131,6 +131,15 @@ func sessionStore(t *testing.T, c redis.UniversalClient, name string, ttl time.D
 	return s
 }
 
+// twoHosts starts a Redis and opens two bare stores of budget name on it,
+// sharing one test clock, with lease TTL ttl and n slots.
+func twoHosts(t *testing.T, name string, ttl time.Duration, n int) (redis.UniversalClient, *testClock, *redisstore.Store, *redisstore.Store) {
+	t.Helper()
+	c := redistest.Start(t).Client(t)
+	clock := newTestClock()
+	return c, clock, sessionStore(t, c, name, ttl, clock, n), sessionStore(t, c, name, ttl, clock, n)
+}
+
 func grantNow(t *testing.T, s *redisstore.Store, id string) budget.Attempt {
 	t.Helper()
 	req, _ := get(dom("a")).Normalize()
@@ -155,13 +164,9 @@ func inFlightOf(t *testing.T, s *redisstore.Store) int {
 // each script going on where the last stopped (reclaim stays due while a
 // dead session has leases left), and then ended.
 func TestDeadSessionReclaimedInBoundedSteps(t *testing.T) {
-	srv := redistest.Start(t)
-	c := srv.Client(t)
 	ctx := context.Background()
-	clock := newTestClock()
 	const ttl = time.Second
-	dead := sessionStore(t, c, "bounded", ttl, clock, 100)
-	live := sessionStore(t, c, "bounded", ttl, clock, 100)
+	c, clock, dead, live := twoHosts(t, "bounded", ttl, 100)
 	for i := range 40 {
 		grantNow(t, dead, fmt.Sprintf("d%d", i))
 	}
@@ -444,13 +449,9 @@ func TestHeartbeatCostFlat(t *testing.T) {
 // deadline: a process that crashed with leases held and a waiter queued
 // gets its slots back within a TTL of its last call.
 func TestHandoffExtendsSessionOnlyAsFarAsTheWaiterVouches(t *testing.T) {
-	srv := redistest.Start(t)
-	c := srv.Client(t)
 	ctx := context.Background()
-	clock := newTestClock()
 	const ttl = 30 * time.Second
-	dead := sessionStore(t, c, "vouch", ttl, clock, 2)
-	live := sessionStore(t, c, "vouch", ttl, clock, 2)
+	c, clock, dead, live := twoHosts(t, "vouch", ttl, 2)
 	t0 := clock.Now()
 	grantNow(t, dead, "held")
 	grantNow(t, live, "other")
@@ -487,13 +488,9 @@ func TestHandoffExtendsSessionOnlyAsFarAsTheWaiterVouches(t *testing.T) {
 // once did, made it two thirds: under load, a lease its keeper gave up
 // before the next heartbeat, or that Acquire refused as stale.
 func TestHandoffAgeCountsFromTheWaitersCall(t *testing.T) {
-	srv := redistest.Start(t)
-	c := srv.Client(t)
 	ctx := context.Background()
-	clock := newTestClock()
 	const ttl = 30 * time.Second
-	holder := sessionStore(t, c, "handage", ttl, clock, 1)
-	waiter := sessionStore(t, c, "handage", ttl, clock, 1)
+	c, clock, holder, waiter := twoHosts(t, "handage", ttl, 1)
 	grantNow(t, holder, "held")
 	req, _ := get(dom("a")).Normalize()
 	att, err := waiter.TryAcquire(ctx, "w", req)
@@ -534,13 +531,9 @@ func TestHandoffAgeCountsFromTheWaitersCall(t *testing.T) {
 // A session left at its older deadline gave the lease a looser lower bound
 // on its grant, in the keeper and in the fault suite's history check.
 func TestHandoffExtendsSessionToARecentWaiter(t *testing.T) {
-	srv := redistest.Start(t)
-	c := srv.Client(t)
 	ctx := context.Background()
-	clock := newTestClock()
 	const ttl = 30 * time.Second
-	holder := sessionStore(t, c, "recent", ttl, clock, 2)
-	waiter := sessionStore(t, c, "recent", ttl, clock, 2)
+	c, clock, holder, waiter := twoHosts(t, "recent", ttl, 2)
 	grantNow(t, holder, "held")
 	grantNow(t, waiter, "mine") // opens the waiter's session: deadline a TTL from now
 	clock.step(ttl / 5)
