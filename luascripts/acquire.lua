@@ -76,7 +76,7 @@ if l then
   return done({R_GRANTED, I(math.max(0, now - l.g, ttl - left))})
 end
 local doms = {}
-for i, e in ipairs(encs) do doms[i] = dload(e) end
+for i = 1, n do doms[i] = dload(encs[i]) end
 
 local w = wload(id)
 local joined = false -- queued by this call: its queues' TTLs are fresh
@@ -97,7 +97,8 @@ else
   -- waiter heads it once it joins, without reading it again.
   local empty = true
   local hticket = {}
-  for _, d in ipairs(doms) do
+  for i = 1, n do
+    local d = doms[i]
     if d.qf == 1 then
       local h = redis.call('ZRANGE', d.q, '0', '0', 'WITHSCORES')
       if h[1] then
@@ -110,7 +111,7 @@ else
     end
   end
   if empty then
-    for _, d in ipairs(doms) do d.dirty = true end -- check refills buckets
+    for i = 1, n do doms[i].dirty = true end -- check refills buckets
     local slot, wait = check(req, doms, lim, now)
     if not slot and wait == 0 then
       local left = grant(req, doms, lim, now)
@@ -119,7 +120,8 @@ else
     end
   end
   local ticket = redis.call('HINCRBY', CFG, 'seq', '1')
-  for _, d in ipairs(doms) do
+  for i = 1, n do
+    local d = doms[i]
     redis.call('ZADD', d.q, I(ticket), id)
     -- A head with an earlier ticket stays the head; else read it below.
     local h = hticket[d.q]
@@ -136,7 +138,8 @@ end
 deadline(P .. 'wexp', now + ttl, id)
 expire(P .. 'wexp', IDLE)
 
-for _, d in ipairs(doms) do
+for i = 1, n do
+  local d = doms[i]
   if head(d.q) ~= id then
     if not joined then expire(d.q, IDLE) end
     if joined then
@@ -144,7 +147,7 @@ for _, d in ipairs(doms) do
       -- only those that changed, and renews a TTL that is due). A domain
       -- first met by this waiter is saved too, which lists it in doms for
       -- Usage.
-      for _, e in ipairs(doms) do dsave(e, now, lim, true) end
+      for k = 1, n do dsave(doms[k], now, lim, true) end
     end
     return done({R_QUEUED})
   end
@@ -152,7 +155,7 @@ end
 
 local r, v = decide(req, doms, lim, now)
 if r == 'granted' then return done({R_GRANTED, I(math.max(0, ttl - v))}) end
-for _, d in ipairs(doms) do dsave(d, now, lim) end -- keep the refilled buckets
+for i = 1, n do dsave(doms[i], now, lim) end -- keep the refilled buckets
 if r == 'wait' then return done({R_DELAYED, I(v)}) end
 if r == 'gone' then return done({R_SESSION_GONE}) end
 return done({R_QUEUED})
