@@ -150,7 +150,9 @@
 // fields): this build converts a waiter hash where a script first reads
 // it, TTL kept, so a waiter queued by an older build keeps its place and
 // is granted in turn; an older host still running fails closed on a
-// converted waiter, as on a converted domain.
+// converted waiter, as on a converted domain. On a Redis whose Lua has the
+// struct library the string is binary (text before, and on miniredis
+// still); a text record an older build queued is read as it is.
 //
 // Keys expire after max(20 x TTL, 5 min) without use, so an idle budget
 // leaves nothing behind; a domain's key lives at least until its bucket is

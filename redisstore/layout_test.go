@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"strconv"
 	"strings"
@@ -85,75 +86,118 @@ func TestOldDomainHashConverted(t *testing.T) {
 	}
 }
 
-// TestOldWaiterHashConverted: a queued waiter written by a build before the
-// packed layout is a hash (t, c, b, at, ttl, ch, sn, ds, cs). This build
-// reads it where it finds it: an operator's inspection lists it, a release
-// hands the slot to it as before, and what is left is nothing.
-func TestOldWaiterHashConverted(t *testing.T) {
-	for _, tc := range bothServers() {
-		t.Run(tc.name, func(t *testing.T) {
-			c := tc.client(t)
-			ctx := context.Background()
-			b := open(t, c, "oldwaiter", budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 1}}, time.Minute)
-			a := dom("a")
-			held := mustAcquire(t, b, get(a))
-			got := make(chan error, 1)
-			go func() {
-				l, err := b.Acquire(within(t, 30*time.Second), get(a))
-				if err == nil {
-					l.Release()
-				}
-				got <- err
-			}()
-			prefix := "rb:{" + hex.EncodeToString([]byte("oldwaiter")) + "}:"
-			var key, v string
-			for deadline := time.Now().Add(10 * time.Second); key == ""; {
-				if keys := c.Keys(ctx, prefix+"w:*").Val(); len(keys) == 1 {
-					key = keys[0]
-					v = c.Get(ctx, key).Val()
-				} else if time.Now().After(deadline) {
-					t.Fatal("no waiter queued")
-				} else {
-					time.Sleep(5 * time.Millisecond)
-				}
-			}
-			// "<ticket> <class> <body> <arrived> <ttl> <ch> <sid> <encs> <consumer>"
-			f := strings.SplitN(v, " ", 9)
-			if len(f) != 9 || f[8] != "test" || f[7] != "1."+hex.EncodeToString([]byte("a")) {
-				t.Fatalf("packed waiter %q", v)
-			}
-			// Put it back the way the previous build kept it.
-			c.Del(ctx, key)
-			c.HSet(ctx, key, "t", f[0], "c", f[1], "b", f[2], "at", f[3], "ttl", f[4], "ch", f[5], "sn", f[6],
-				"ds", strings.ReplaceAll(f[7], ",", " "), "cs", f[8])
-			c.PExpire(ctx, key, time.Minute)
+// waiterFields returns a waiter record's nine fields as its text form
+// has them (ticket, class, body, arrived, TTL, channel, session, domains,
+// consumer), from either form: binary (a version byte, then big-endian
+// words and bytes, then four strings each after its 32-bit length), where
+// the server's Lua has the struct library, or text, where it has not.
+func waiterFields(t *testing.T, v string) []string {
+	t.Helper()
+	if !strings.HasPrefix(v, "\x01") {
+		return strings.SplitN(v, " ", 9)
+	}
+	b := []byte(v[1:])
+	if len(b) < 26 {
+		t.Fatalf("binary waiter record of %d bytes", len(v))
+	}
+	word := func(i int) string { return strconv.FormatInt(int64(binary.BigEndian.Uint64(b[i:])), 10) }
+	f := []string{word(0), strconv.Itoa(int(b[8])), strconv.Itoa(int(b[9])), word(10), word(18)}
+	rest := b[26:]
+	for range 4 {
+		if len(rest) < 4 || uint64(len(rest)-4) < uint64(binary.BigEndian.Uint32(rest)) {
+			t.Fatalf("binary waiter record %q: a string runs past its end", v)
+		}
+		n := binary.BigEndian.Uint32(rest)
+		f = append(f, string(rest[4:4+n]))
+		rest = rest[4+n:]
+	}
+	if len(rest) != 0 {
+		t.Fatalf("binary waiter record %q: %d bytes after its last string", v, len(rest))
+	}
+	return f
+}
 
-			ad, err := redisstore.NewAdmin(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			in, err := ad.Inspect(ctx, "oldwaiter", 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(in.Waiters) != 1 || in.Waiters[0].Consumer != "test" || len(in.Waiters[0].Domains) != 1 ||
-				in.Waiters[0].Domains[0] != a || in.Waiters[0].Class != budget.OpGet {
-				t.Fatalf("inspection of the old waiter hash: %+v", in.Waiters)
-			}
-			if typ := c.Type(ctx, key).Val(); typ != "string" {
-				t.Errorf("waiter key is a %s after a script read it, want string", typ)
-			}
-			if ttl := c.PTTL(ctx, key).Val(); ttl <= 0 {
-				t.Errorf("converted waiter key has no TTL (%v)", ttl)
-			}
-			held.Release()
-			if err := <-got; err != nil {
-				t.Fatalf("the converted waiter: %v", err)
-			}
-			expectIdle(t, b)
-			if n := len(c.Keys(ctx, prefix+"w:*").Val()); n != 0 {
-				t.Errorf("%d waiter keys left", n)
-			}
-		})
+// TestOldWaiterFormsRead: a queued waiter written by an older build is a
+// hash (t, c, b, at, ttl, ch, sn, ds, cs; before the packed layout) or a
+// text record (before the binary one, and miniredis's form still). This
+// build reads it where it finds it: an operator's inspection lists it, a
+// release hands the slot to it as before, and what is left is nothing.
+func TestOldWaiterFormsRead(t *testing.T) {
+	for _, tc := range bothServers() {
+		for _, form := range []string{"hash", "text"} {
+			t.Run(tc.name+"/"+form, func(t *testing.T) { oldWaiterRead(t, tc.client(t), form, tc.name == "redis") })
+		}
+	}
+}
+
+// oldWaiterRead is TestOldWaiterFormsRead on c; packed says the server's
+// Lua has the struct library, so that this build writes the binary form.
+func oldWaiterRead(t *testing.T, c *redis.Client, form string, packed bool) {
+	ctx := context.Background()
+	b := open(t, c, "oldwaiter", budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 1}}, time.Minute)
+	a := dom("a")
+	held := mustAcquire(t, b, get(a))
+	got := make(chan error, 1)
+	go func() {
+		l, err := b.Acquire(within(t, 30*time.Second), get(a))
+		if err == nil {
+			l.Release()
+		}
+		got <- err
+	}()
+	prefix := "rb:{" + hex.EncodeToString([]byte("oldwaiter")) + "}:"
+	var key, v string
+	for deadline := time.Now().Add(10 * time.Second); key == ""; {
+		if keys := c.Keys(ctx, prefix+"w:*").Val(); len(keys) == 1 {
+			key = keys[0]
+			v = c.Get(ctx, key).Val()
+		} else if time.Now().After(deadline) {
+			t.Fatal("no waiter queued")
+		} else {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	if packed != strings.HasPrefix(v, "\x01") {
+		t.Fatalf("waiter record %q: binary form %v, want %v", v, !packed, packed)
+	}
+	f := waiterFields(t, v)
+	if len(f) != 9 || f[8] != "test" || f[7] != "1."+hex.EncodeToString([]byte("a")) {
+		t.Fatalf("packed waiter %q", v)
+	}
+	// Put it back the way an older build kept it.
+	c.Del(ctx, key)
+	if form == "hash" {
+		c.HSet(ctx, key, "t", f[0], "c", f[1], "b", f[2], "at", f[3], "ttl", f[4], "ch", f[5], "sn", f[6],
+			"ds", strings.ReplaceAll(f[7], ",", " "), "cs", f[8])
+	} else {
+		c.Set(ctx, key, strings.Join(f, " "), 0)
+	}
+	c.PExpire(ctx, key, time.Minute)
+
+	ad, err := redisstore.NewAdmin(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := ad.Inspect(ctx, "oldwaiter", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(in.Waiters) != 1 || in.Waiters[0].Consumer != "test" || len(in.Waiters[0].Domains) != 1 ||
+		in.Waiters[0].Domains[0] != a || in.Waiters[0].Class != budget.OpGet {
+		t.Fatalf("inspection of the old waiter %s: %+v", form, in.Waiters)
+	}
+	if typ := c.Type(ctx, key).Val(); typ != "string" {
+		t.Errorf("waiter key is a %s after a script read it, want string", typ)
+	}
+	if ttl := c.PTTL(ctx, key).Val(); ttl <= 0 {
+		t.Errorf("converted waiter key has no TTL (%v)", ttl)
+	}
+	held.Release()
+	if err := <-got; err != nil {
+		t.Fatalf("the converted waiter: %v", err)
+	}
+	expectIdle(t, b)
+	if n := len(c.Keys(ctx, prefix+"w:*").Val()); n != 0 {
+		t.Errorf("%d waiter keys left", n)
 	}
 }

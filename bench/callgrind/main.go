@@ -407,6 +407,8 @@ var probeFns = []struct{ name, body string }{
 	{"luaop1000", "local x = 0 for i = 1, 1000 do x = x + i end return 1"},
 	{"tget100", "local t = {a = 1} local x for i = 1, 100 do x = t.a end return 1"},
 	{"upcall100", "local x for i = 1, 100 do x = I end return 1"},
+	{"wbinpack10", "local s for i = 1, 10 do s = struct.pack('>Bi8BBi8i8I4c0I4c0I4c0I4c0', 1, 12, 0, 0, 1900000000123456, 30000000, 21, '0123456789abcdef-chan', 26, '0123456789abcdef-0123-sess', 4, '1.61', 8, 'consumer') end return 1"},
+	{"wbinunpack10", "local s = struct.pack('>Bi8BBi8i8I4c0I4c0I4c0I4c0', 1, 12, 0, 0, 1900000000123456, 30000000, 21, '0123456789abcdef-chan', 26, '0123456789abcdef-0123-sess', 4, '1.61', 8, 'consumer') for i = 1, 10 do local v, t, c, b, at, ttl, ch, sn, ds, cs = struct.unpack('>Bi8BBi8i8I4c0I4c0I4c0I4c0', s) local w = {t = t, c = c, b = b, at = at, ttl = ttl, ch = ch, sn = sn, ds = ds, cs = cs} end return 1"},
 	{"packBEi8", "local s = struct.pack('>i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8', 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,1900000000123456) return 1"},
 	{"packLEi8", "local s = struct.pack('<i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8', 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,1900000000123456) return 1"},
 	{"packBEd", "local s = struct.pack('>dddddddddddddddddddddd', 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,1900000000123456) return 1"},
