@@ -799,19 +799,39 @@ local function deadline(z, at, id)
   lower_rc(at)
 end
 
--- A lease is one field of lx: its id -> "<hr><hb> <class> <granted> <sid>
--- <encs> <consumer>": hr and hb are 1 while its request slot and its body
--- slot are held, granted is the grant's time (us), sid its session, encs
--- its domain encodings joined by commas, consumer the rest of the string
--- (any bytes). One field instead of a hash per lease: the leases of a
--- group share one key, so one PEXPIRE keeps them all.
+-- A lease is one field of lx: its id -> its record, of hr and hb (1 while
+-- its request slot and its body slot are held), its class, the grant's
+-- time (us), its session sid, its domain encodings joined by commas, and
+-- its consumer (any bytes). One field instead of a hash per lease: the
+-- leases of a group share one key, so one PEXPIRE keeps them all. Where
+-- the struct library is, the record is binary (LFMT: a version byte, hr,
+-- hb and the class as bytes, the time as a word, then the three strings
+-- each after its length), as a waiter's is (wpack); else it is the text
+-- "<hr><hb> <class> <granted> <sid> <encs> <consumer>", which an older
+-- build also wrote, and which is read wherever it is found.
+local LVERSION = 1
+local LFMT = '>BBBBi8I4c0I4c0I4c0'
+
 local function lease_pack(hr, hb, class, granted, sid, encs, consumer)
+  if STRUCT then
+    return struct.pack(LFMT, LVERSION, hr, hb, class, granted, #sid, sid, #encs, encs, #consumer, consumer)
+  end
   -- One format for the numbers; the strings are joined, since %s stops
   -- at a zero byte and a consumer may hold any bytes.
   return string.format('%d%d %d %d ', hr, hb, class, granted) .. sid .. ' ' .. encs .. ' ' .. consumer
 end
 
 local function lease_unpack(v)
+  if STRUCT then
+    -- pcall: a value too short for the format is an error to struct.
+    local ok, ver, hr, hb, c, g, sid, ds, cs, at_end = pcall(struct.unpack, LFMT, v)
+    if ok and ver == LVERSION then
+      if at_end ~= #v + 1 or (hr ~= 0 and hr ~= 1) or (hb ~= 0 and hb ~= 1) or sid == '' or ds == '' then
+        return nil
+      end
+      return {hr = hr, hb = hb, c = c, g = g, sid = sid, ds = ds, cs = cs}
+    end
+  end
   local hr, hb, c, g, sid, ds, cs = string.match(v, '^([01])([01]) (%d+) (%d+) (%S+) (%S+) (.*)$')
   if not hr then return nil end
   return {hr = tonumber(hr), hb = tonumber(hb), c = tonumber(c), g = tonumber(g), sid = sid, ds = ds, cs = cs}
@@ -1109,7 +1129,7 @@ local function retire(lid, r, b, popped)
     redis.call('HDEL', lx, lid)
     if not popped then redis.call('SREM', P .. 'sl:' .. l.sid, lid) end
   elseif dr or db then
-    redis.call('HSET', lx, lid, I(hr) .. I(hb) .. string.sub(v, 3))
+    redis.call('HSET', lx, lid, lease_pack(hr, hb, l.c, l.g, l.sid, l.ds, l.cs))
   end
   return l
 end

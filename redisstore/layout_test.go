@@ -2,7 +2,6 @@ package redisstore_test
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/hex"
 	"strconv"
 	"strings"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/runbudget/runbudget/budget"
 	"github.com/runbudget/runbudget/internal/dompack"
+	"github.com/runbudget/runbudget/internal/recpack"
 	"github.com/runbudget/runbudget/internal/redistest"
 	"github.com/runbudget/runbudget/redisstore"
 )
@@ -86,37 +86,6 @@ func TestOldDomainHashConverted(t *testing.T) {
 	}
 }
 
-// waiterFields returns a waiter record's nine fields as its text form
-// has them (ticket, class, body, arrived, TTL, channel, session, domains,
-// consumer), from either form: binary (a version byte, then big-endian
-// words and bytes, then four strings each after its 32-bit length), where
-// the server's Lua has the struct library, or text, where it has not.
-func waiterFields(t *testing.T, v string) []string {
-	t.Helper()
-	if !strings.HasPrefix(v, "\x01") {
-		return strings.SplitN(v, " ", 9)
-	}
-	b := []byte(v[1:])
-	if len(b) < 26 {
-		t.Fatalf("binary waiter record of %d bytes", len(v))
-	}
-	word := func(i int) string { return strconv.FormatInt(int64(binary.BigEndian.Uint64(b[i:])), 10) }
-	f := []string{word(0), strconv.Itoa(int(b[8])), strconv.Itoa(int(b[9])), word(10), word(18)}
-	rest := b[26:]
-	for range 4 {
-		if len(rest) < 4 || uint64(len(rest)-4) < uint64(binary.BigEndian.Uint32(rest)) {
-			t.Fatalf("binary waiter record %q: a string runs past its end", v)
-		}
-		n := binary.BigEndian.Uint32(rest)
-		f = append(f, string(rest[4:4+n]))
-		rest = rest[4+n:]
-	}
-	if len(rest) != 0 {
-		t.Fatalf("binary waiter record %q: %d bytes after its last string", v, len(rest))
-	}
-	return f
-}
-
 // TestOldWaiterFormsRead: a queued waiter written by an older build is a
 // hash (t, c, b, at, ttl, ch, sn, ds, cs; before the packed layout) or a
 // text record (before the binary one, and miniredis's form still). This
@@ -157,20 +126,24 @@ func oldWaiterRead(t *testing.T, c *redis.Client, form string, packed bool) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	if packed != strings.HasPrefix(v, "\x01") {
+	if packed != recpack.Binary(v) {
 		t.Fatalf("waiter record %q: binary form %v, want %v", v, !packed, packed)
 	}
-	f := waiterFields(t, v)
-	if len(f) != 9 || f[8] != "test" || f[7] != "1."+hex.EncodeToString([]byte("a")) {
-		t.Fatalf("packed waiter %q", v)
+	w, err := recpack.DecodeWaiter(v)
+	if err != nil || w.Consumer != "test" || w.Domains != "1."+hex.EncodeToString([]byte("a")) {
+		t.Fatalf("packed waiter %q: %+v, %v", v, w, err)
 	}
 	// Put it back the way an older build kept it.
 	c.Del(ctx, key)
 	if form == "hash" {
-		c.HSet(ctx, key, "t", f[0], "c", f[1], "b", f[2], "at", f[3], "ttl", f[4], "ch", f[5], "sn", f[6],
-			"ds", strings.ReplaceAll(f[7], ",", " "), "cs", f[8])
+		b := "0"
+		if w.Body {
+			b = "1"
+		}
+		c.HSet(ctx, key, "t", w.Ticket, "c", w.Class, "b", b, "at", w.Arrived, "ttl", w.TTL, "ch", w.Channel,
+			"sn", w.Session, "ds", strings.ReplaceAll(w.Domains, ",", " "), "cs", w.Consumer)
 	} else {
-		c.Set(ctx, key, strings.Join(f, " "), 0)
+		c.Set(ctx, key, w.Text(), 0)
 	}
 	c.PExpire(ctx, key, time.Minute)
 
@@ -199,5 +172,45 @@ func oldWaiterRead(t *testing.T, c *redis.Client, form string, packed bool) {
 	expectIdle(t, b)
 	if n := len(c.Keys(ctx, prefix+"w:*").Val()); n != 0 {
 		t.Errorf("%d waiter keys left", n)
+	}
+}
+
+// TestOldLeaseTextRead: a lease record an older build wrote is text. This
+// build reads it where it finds it: its request slot and then its body
+// slot are retired apart (the partial retirement writes the record again,
+// in this build's form), and what is left is nothing.
+func TestOldLeaseTextRead(t *testing.T) {
+	for _, tc := range bothServers() {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.client(t)
+			ctx := context.Background()
+			b := open(t, c, "oldlease", budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 1}, OpenBodies: 1}, time.Minute)
+			a := dom("a")
+			req := get(a)
+			req.OpensBody = true
+			l := mustAcquire(t, b, req)
+			lx := "rb:{" + hex.EncodeToString([]byte("oldlease")) + "}:lx"
+			v := c.HGet(ctx, lx, l.ID()).Val()
+			rec, err := recpack.DecodeLease(v)
+			if err != nil || !rec.Request || !rec.Body || rec.Domains != "1."+hex.EncodeToString([]byte("a")) {
+				t.Fatalf("lease record %q: %+v, %v", v, rec, err)
+			}
+			if err := c.HSet(ctx, lx, l.ID(), rec.Text()).Err(); err != nil {
+				t.Fatal(err)
+			}
+			l.CompleteRequest()
+			v = c.HGet(ctx, lx, l.ID()).Val()
+			if rec, err = recpack.DecodeLease(v); err != nil || rec.Request || !rec.Body {
+				t.Fatalf("after the request slot's retirement, lease record %q: %+v, %v", v, rec, err)
+			}
+			if du := domainOf(usage(t, b), a); du.InFlight[budget.OpGet] != 0 || du.OpenBodies != 1 {
+				t.Fatalf("after the request slot's retirement: %+v", du)
+			}
+			l.Release()
+			expectIdle(t, b)
+			if n := c.HLen(ctx, lx).Val(); n != 0 {
+				t.Errorf("%d lease records left", n)
+			}
+		})
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/internal/recpack"
 	"github.com/runbudget/runbudget/internal/redistest"
 	"github.com/runbudget/runbudget/lease"
 	"github.com/runbudget/runbudget/luascripts"
@@ -385,8 +386,8 @@ func TestGrantMovesToTheSessionNamed(t *testing.T) {
 		t.Errorf("lease not moved: proc.0 %v, proc.1 %v", c.SMembers(ctx, p+"sl:proc.0").Val(), c.SMembers(ctx, p+"sl:proc.1").Val())
 	}
 	rec := c.HGet(ctx, p+"lx", "w1").Val()
-	if !strings.Contains(rec, " proc.1 ") {
-		t.Errorf("lease record %q does not name its new session", rec)
+	if l, err := recpack.DecodeLease(rec); err != nil || l.Session != "proc.1" {
+		t.Errorf("lease record %q (%+v, %v) does not name its new session", rec, l, err)
 	}
 	u := usage(t, b)
 	if n := domainOf(u, budget.Domain{Version: 1, ID: "a"}).InFlight[budget.OpGet]; n != 1 {

@@ -3,11 +3,11 @@ package redisstore_test
 import (
 	"context"
 	"encoding/hex"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/internal/recpack"
 	"github.com/runbudget/runbudget/internal/redistest"
 )
 
@@ -75,14 +75,14 @@ func TestStateLoss(t *testing.T) {
 			// Back under its session, which is alive and renewed.
 			c, ctx := srv.Client(t), context.Background()
 			p := "rb:{" + hex.EncodeToString([]byte("loss")) + "}:"
-			rec := strings.Fields(c.HGet(ctx, p+"lx", held.ID()).Val())
-			if len(rec) < 4 {
-				t.Fatalf("lease record after the loss: %q", rec)
+			rec, err := recpack.DecodeLease(c.HGet(ctx, p+"lx", held.ID()).Val())
+			if err != nil {
+				t.Fatalf("lease record after the loss: %v", err)
 			}
-			sid := rec[3]
+			sid := rec.Session
 			deadline, err := c.ZScore(ctx, p+"sexp", sid).Result()
 			if !c.SIsMember(ctx, p+"sl:"+sid, held.ID()).Val() || err != nil || time.UnixMicro(int64(deadline)).Before(time.Now()) {
-				t.Errorf("lease not back in a live session: record %q, member %v, deadline %v (%v)",
+				t.Errorf("lease not back in a live session: record %+v, member %v, deadline %v (%v)",
 					rec, c.SIsMember(ctx, p+"sl:"+sid, held.ID()).Val(), deadline, err)
 			}
 			released := time.Now()

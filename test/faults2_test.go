@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
 	"github.com/runbudget/runbudget/internal/dompack"
+	"github.com/runbudget/runbudget/internal/recpack"
 	"github.com/runbudget/runbudget/internal/redistest"
 	"github.com/runbudget/runbudget/redisstore"
 )
@@ -190,13 +191,12 @@ func checkLedger(t testing.TB, c *redis.Client, name string) bool {
 	ctx := context.Background()
 	p := "rb:{" + hex.EncodeToString([]byte(name)) + "}:"
 	perDomain := map[string]int{}
-	// A lease record is "<hr><hb> class granted session encs consumer".
 	for _, rec := range c.HGetAll(ctx, p+"lx").Val() {
-		f := strings.SplitN(rec, " ", 6)
-		if len(f) < 5 || !strings.HasPrefix(f[0], "1") {
+		l, err := recpack.DecodeLease(rec)
+		if err != nil || !l.Request {
 			continue
 		}
-		for _, e := range strings.Split(f[4], ",") {
+		for _, e := range strings.Split(l.Domains, ",") {
 			perDomain[e]++
 		}
 	}

@@ -7,13 +7,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"maps"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/internal/recpack"
 	"github.com/runbudget/runbudget/test/history"
 )
 
@@ -62,9 +61,8 @@ func (s *grantTimed) TryAcquire(ctx context.Context, id string, req budget.Reque
 }
 
 // read returns the time of lease id's grant on this machine's wall clock:
-// the record's granted field ("<hr><hb> <class> <granted> ...", group time
-// in us) less the group's clock offset (absent: none). False when the
-// record is gone or unreadable.
+// the record's grant time (group time in us) less the group's clock offset
+// (absent: none). False when the record is gone or unreadable.
 func (g *grantClock) read(id string) (time.Time, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
@@ -72,14 +70,11 @@ func (g *grantClock) read(id string) (time.Time, bool) {
 	if err != nil {
 		return time.Time{}, false
 	}
-	f := strings.Fields(v)
-	if len(f) < 3 {
-		return time.Time{}, false
-	}
-	at, err := strconv.ParseInt(f[2], 10, 64)
+	rec, err := recpack.DecodeLease(v)
 	if err != nil {
 		return time.Time{}, false
 	}
+	at := rec.Granted
 	co, err := g.c.HGet(ctx, g.prefix+"cfg", "co").Int64()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return time.Time{}, false

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
 	"github.com/runbudget/runbudget/internal/dompack"
+	"github.com/runbudget/runbudget/internal/recpack"
 	"github.com/runbudget/runbudget/internal/redistest"
 	"github.com/runbudget/runbudget/redisstore"
 	"github.com/runbudget/runbudget/test/history"
@@ -230,11 +231,11 @@ func runLostWrites(t *testing.T, rig crashRig, size crashSize, pins int, pinClie
 		if err != nil {
 			t.Fatalf("the lease's record on the master: %v", err)
 		}
-		f := strings.Fields(v) // parts, class, granted, session, domains, consumer
-		if len(f) < 4 {
-			t.Fatalf("the lease's record on the master: %q", v)
+		pinned, err := recpack.DecodeLease(v)
+		if err != nil {
+			t.Fatalf("the lease's record on the master: %v", err)
 		}
-		deadline := func() float64 { return masterClient.ZScore(opCtx, prefix+"sexp", f[3]).Val() }
+		deadline := func() float64 { return masterClient.ZScore(opCtx, prefix+"sexp", pinned.Session).Val() }
 		was := deadline()
 		limit := time.Now().Add(2*lostTTL/3 + time.Second)
 		for deadline() == was {
