@@ -34,6 +34,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -47,12 +48,15 @@ import (
 	"github.com/runbudget/runbudget/redisstore"
 )
 
+var verbose bool
+
 func main() {
 	n := flag.Int("n", 2000, "admissions (or no-op calls) counted per workload")
 	domains := flag.Int("domains", 1, "domains per request")
 	ahead := flag.Int("ahead", 8, "waiters queued ahead in the contended workload")
 	keep := flag.Bool("keep", false, "keep the callgrind output files (their paths are printed)")
 	probes := flag.Bool("probes", false, "also count pieces of the scripts' prelude, run alone")
+	flag.BoolVar(&verbose, "v", false, "print the commands each workload ran per operation (commandstats)")
 	flag.Parse()
 	if err := run(*n, *domains, *ahead, *keep, *probes); err != nil {
 		fmt.Fprintln(os.Stderr, "callgrind:", err)
@@ -80,7 +84,7 @@ func run(n, domains, ahead int, keep, probes bool) error {
 	out := filepath.Join(dir, "callgrind.out")
 	// Counting starts zeroed by callgrind_control; dumps go to out.<n>.
 	cmd := exec.Command("valgrind", "--tool=callgrind", "--callgrind-out-file="+out,
-		"redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--hz", "1",
 		"--dir", dir)
 	cmd.Stdout, cmd.Stderr = nil, nil
 	if err := cmd.Start(); err != nil {
@@ -130,6 +134,10 @@ func run(n, domains, ahead int, keep, probes bool) error {
 				return 0, err
 			}
 		}
+		before, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			return 0, err
+		}
 		if err := exec.Command("callgrind_control", "-z", strconv.Itoa(pid)).Run(); err != nil {
 			return 0, fmt.Errorf("zeroing counters: %w", err)
 		}
@@ -140,6 +148,13 @@ func run(n, domains, ahead int, keep, probes bool) error {
 		}
 		if err := exec.Command("callgrind_control", "-d", name, strconv.Itoa(pid)).Run(); err != nil {
 			return 0, fmt.Errorf("dumping counters: %w", err)
+		}
+		after, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			return 0, err
+		}
+		if verbose {
+			fmt.Printf("  %s: commands per op %s\n", name, callsPer(before, after, n))
 		}
 		ir, path, err := lastDump(dir)
 		if err != nil {
@@ -432,6 +447,16 @@ func probe(ctx context.Context, c *redis.Client, counted func(string, int, func(
 	for _, p := range probeFns {
 		fmt.Fprintf(&b, "\nredis.register_function('probe_%s', function(KEYS, ARGV) %s end)\n", p.name, p.body)
 	}
+	// The acquire script cut short at points along its queueing path:
+	// each cut returns before anything is written, so the same call
+	// repeats (on the contended line, where a new waiter queues).
+	cuts, err := acquireCuts(src)
+	if err != nil {
+		return err
+	}
+	for i, cut := range cuts {
+		fmt.Fprintf(&b, "\nredis.register_function('probe_cut%d', function(KEYS, ARGV) begin(KEYS, ARGV)\n%s\nend)\n", i, cut.body)
+	}
 	if err := c.FunctionLoad(ctx, b.String()).Err(); err != nil {
 		return err
 	}
@@ -458,5 +483,93 @@ func probe(ctx context.Context, c *redis.Client, counted func(string, int, func(
 		}
 		fmt.Printf("  %-10s %8.0f  %s\n", p.name, v, p.body)
 	}
+	qcfg := "rb:{" + hex.EncodeToString([]byte("cg-contended")) + "}:cfg"
+	enc := "1." + hex.EncodeToString([]byte("d0"))
+	// A new waiter id each call: the later cuts come after the waiter
+	// joined the line, and a second call of the same id takes another path.
+	var seq int
+	for i, cut := range cuts {
+		fn := fmt.Sprintf("probe_cut%d", i)
+		v, err := counted(fn, 50, func() error {
+			seq++
+			return c.FCall(ctx, fn, []string{qcfg}, "PUBLISH", strconv.Itoa(20*3600*1000), "",
+				"probe-waiter-"+strconv.Itoa(seq), "probe.ch", "probe.sess", strconv.Itoa(budget.OpGet.Index()), "0", "callgrind",
+				strconv.Itoa(3600*1000), "1", enc).Err()
+		})
+		if err != nil {
+			return fmt.Errorf("%s: %w", fn, err)
+		}
+		fmt.Printf("  acquire, queueing, cut before %-60q %8.0f\n", cut.at, v)
+	}
 	return nil
+}
+
+type cut struct{ at, body string }
+
+// acquireCuts returns the acquire script's body cut short before each of
+// a few statements of its path for a new waiter that queues.
+func acquireCuts(src string) ([]cut, error) {
+	const open = "BODY['acquire'] = function(KEYS, ARGV)\n"
+	i := strings.Index(src, open)
+	if i < 0 {
+		return nil, errors.New("no acquire body in the library")
+	}
+	body, _, ok := strings.Cut(src[i+len(open):], "\nend\nredis.register_function")
+	if !ok {
+		return nil, errors.New("the acquire body has no end")
+	}
+	var out []cut
+	for _, at := range []string{
+		"local id = id_arg(ARGV[4], 'waiter id')",
+		"local ch = id_arg(ARGV[5], 'process channel', true)",
+		"local class = int(ARGV[7], 'class', 0, NCLASS - 1, true)",
+		"local encs = {}",
+		"local req = {",
+		"local now = clock()",
+		"vouch(lim, now, ttl)",
+		"local rec = redis.call('HGET', P .. 'lx', id)",
+		"local doms = {}",
+		"local w = wload(id)",
+		"local joined = false",
+		"  local ticket = redis.call('HINCRBY', CFG, 'seq', '1')",
+		"  wsave(id, {",
+		"deadline(P .. 'wexp', now + ttl, id)",
+		"for i = 1, n do\n  local d = doms[i]\n  if head(d.q) ~= id then",
+		"    return done({R_QUEUED})",
+	} {
+		j := strings.Index(body, "\n"+at)
+		if j < 0 {
+			return nil, fmt.Errorf("acquire has no line %q", at)
+		}
+		out = append(out, cut{at: strings.TrimSpace(at), body: body[:j] + "\ndo return {'cut'} end\n" + body[j:]})
+	}
+	out = append(out, cut{at: "(the whole script)", body: body})
+	return out, nil
+}
+
+// callsPer is the commands between two INFO commandstats, per op (top
+// level: a script's inner commands are counted too, by name), the INFO
+// itself left out.
+func callsPer(before, after string, n int) string {
+	parse := func(s string) map[string]int64 {
+		m := map[string]int64{}
+		for _, line := range strings.Split(s, "\n") {
+			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+			if !ok {
+				continue
+			}
+			v, _, _ := strings.Cut(rest, ",")
+			m[strings.TrimPrefix(name, "cmdstat_")], _ = strconv.ParseInt(v, 10, 64)
+		}
+		return m
+	}
+	b, a := parse(before), parse(after)
+	var parts []string
+	for name, v := range a {
+		if d := v - b[name]; d > 0 && name != "info" {
+			parts = append(parts, fmt.Sprintf("%s %.2f", name, float64(d)/float64(n)))
+		}
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ", ")
 }
