@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/internal/recpack"
 	"github.com/runbudget/runbudget/internal/redistest"
 	"github.com/runbudget/runbudget/redisstore"
 )
@@ -259,7 +261,8 @@ func TestFault03KillHeadWaiter(t *testing.T) {
 // second grant time under one ID would be a second grant.
 type leaseWrites struct {
 	mu     sync.Mutex
-	grants map[string]map[string]bool // lease ID -> grant times seen
+	grants map[string]map[int64]bool // lease ID -> grant times seen
+	unread int                       // lease writes whose record would not decode
 	conn   net.Conn
 	marks  chan string // ECHO markers seen
 	done   chan struct{}
@@ -278,7 +281,7 @@ func watchLeaseWrites(t *testing.T, addr, name string) *leaseWrites {
 	if line, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(line, "+OK") {
 		t.Fatalf("MONITOR: %q %v", line, err)
 	}
-	lw := &leaseWrites{grants: map[string]map[string]bool{}, conn: conn, marks: make(chan string, 1), done: make(chan struct{})}
+	lw := &leaseWrites{grants: map[string]map[int64]bool{}, conn: conn, marks: make(chan string, 1), done: make(chan struct{})}
 	hset := `"HSET" "rb:{` + hex.EncodeToString([]byte(name)) + `}:lx" "`
 	go func() {
 		defer close(lw.done)
@@ -298,16 +301,32 @@ func watchLeaseWrites(t *testing.T, addr, name string) *leaseWrites {
 			if i < 0 {
 				continue
 			}
-			id, rec, ok := strings.Cut(line[i+len(hset):], `" "`)
-			f := strings.Fields(rec) // "<hr><hb>" class granted session ...
-			if !ok || len(f) < 3 || !strings.HasPrefix(f[0], "1") {
+			id, quoted, ok := strings.Cut(line[i+len(hset):], `" "`)
+			if !ok {
+				continue
+			}
+			v, ok := unquoteMonitor(quoted)
+			if !ok {
+				lw.mu.Lock()
+				lw.unread++
+				lw.mu.Unlock()
+				continue
+			}
+			rec, err := recpack.DecodeLease(v)
+			if err != nil {
+				lw.mu.Lock()
+				lw.unread++
+				lw.mu.Unlock()
+				continue
+			}
+			if !rec.Request {
 				continue // a partial retirement, not a grant
 			}
 			lw.mu.Lock()
 			if lw.grants[id] == nil {
-				lw.grants[id] = map[string]bool{}
+				lw.grants[id] = map[int64]bool{}
 			}
-			lw.grants[id][f[2]] = true
+			lw.grants[id][rec.Granted] = true
 			lw.mu.Unlock()
 		}
 	}()
@@ -341,10 +360,59 @@ func (lw *leaseWrites) maxPerID(t *testing.T, c *redis.Client) (most, ids int) {
 	lw.stop()
 	lw.mu.Lock()
 	defer lw.mu.Unlock()
+	if lw.unread > 0 {
+		t.Errorf("MONITOR showed %d lease writes this test could not read", lw.unread)
+	}
 	for _, g := range lw.grants {
 		most = max(most, len(g))
 	}
 	return most, len(lw.grants)
+}
+
+// unquoteMonitor reads one argument as MONITOR quotes it (the part after
+// its opening quote): backslash escapes for \\, \", \n, \r, \t, \a, \b
+// and \xHH for other bytes outside printable ASCII. It returns the bytes,
+// and false when the closing quote is missing or an escape is malformed.
+func unquoteMonitor(s string) (string, bool) {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '"':
+			return b.String(), true
+		case '\\':
+			if i+1 >= len(s) {
+				return "", false
+			}
+			i++
+			switch s[i] {
+			case 'n':
+				b.WriteByte('\n')
+			case 'r':
+				b.WriteByte('\r')
+			case 't':
+				b.WriteByte('\t')
+			case 'a':
+				b.WriteByte('\a')
+			case 'b':
+				b.WriteByte('\b')
+			case 'x':
+				if i+2 >= len(s) {
+					return "", false
+				}
+				v, err := strconv.ParseUint(s[i+1:i+3], 16, 8)
+				if err != nil {
+					return "", false
+				}
+				b.WriteByte(byte(v))
+				i += 2
+			default:
+				b.WriteByte(s[i]) // \\ and \"
+			}
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return "", false
 }
 
 // 4. 1000 acquires cancelled at random points, some of them after the
@@ -403,6 +471,9 @@ func TestFault04RandomCancels(t *testing.T) {
 		granted.Load(), cancelled.Load(), ids, most, len(keys))
 	if most > 1 {
 		t.Errorf("a waiter ID was granted %d times", most)
+	}
+	if int64(ids) < granted.Load() {
+		t.Errorf("MONITOR showed %d lease IDs written for %d grants", ids, granted.Load())
 	}
 	if len(keys) != 0 {
 		t.Errorf("left over after L: %v", keys)
@@ -763,6 +834,9 @@ func TestFault12RetryAfterWrite(t *testing.T) {
 		granted.Load(), pauses.Load(), ran, sent.n.Load(), ids, most)
 	if most > 1 {
 		t.Errorf("an ID was granted %d times", most)
+	}
+	if int64(ids) < granted.Load() {
+		t.Errorf("MONITOR showed %d lease IDs written for %d grants", ids, granted.Load())
 	}
 }
 
