@@ -4,6 +4,7 @@ package test
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -86,7 +87,12 @@ func init() {
 
 // runHistoryWorker is runFaultWorker's lanes role with a recorder between
 // the Budget and the store; after the lanes stop and the Budget is closed
-// (every cancellation made), it writes the history to dir.
+// (every cancellation made), it writes the history to dir. Each grant is
+// bounded below by the store's own time of it, read from the lease's record
+// (grantClock): a handoff is otherwise bounded by the waiter's latest
+// renewal, a fraction of a renewal interval earlier, and the long run's
+// check took a minute. A grant the store made after its reply fails the
+// worker.
 func runHistoryWorker(spec, dir string) error {
 	f, err := decodeFaultEnv(spec)
 	if err != nil {
@@ -103,7 +109,8 @@ func runHistoryWorker(spec, dir string) error {
 		return err
 	}
 	rec := history.NewRecorder(s, f.Consumer)
-	b, err := budget.New(laneLimits(f.Slots, f.Domains), budget.WithStore(rec), budget.WithUnavailableGrace(time.Hour))
+	clock := newGrantClock(c, f.Name)
+	b, err := budget.New(laneLimits(f.Slots, f.Domains), budget.WithStore(clock.wrap(rec)), budget.WithUnavailableGrace(time.Hour))
 	if err != nil {
 		return err
 	}
@@ -111,12 +118,16 @@ func runHistoryWorker(spec, dir string) error {
 	go func() { io.Copy(io.Discard, os.Stdin); close(stdinClosed) }()
 	runErr := runLanes(b, f, &syncWriter{w: os.Stdout}, stdinClosed)
 	b.Close()
+	h := rec.History()
+	if _, after := boundGrants(&h, clock.times()); after > 0 {
+		runErr = errors.Join(runErr, fmt.Errorf("%d grants made, by the store's clock, after their holder was told of them", after))
+	}
 	out := filepath.Join(dir, f.Consumer+".json")
 	tmp, err := os.CreateTemp(dir, ".history-*")
 	if err != nil {
 		return err
 	}
-	err = rec.History().Write(tmp)
+	err = h.Write(tmp)
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
