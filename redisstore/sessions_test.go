@@ -141,6 +141,20 @@ func twoHosts(t *testing.T, name string, ttl time.Duration, n int) (redis.Univer
 	return c, clock, sessionStore(t, c, name, ttl, clock, n), sessionStore(t, c, name, ttl, clock, n)
 }
 
+// handOff retires lease id of holder, which hands its slot to the waiter
+// queued as att, and waits for the waiter's wake event.
+func handOff(t *testing.T, holder *redisstore.Store, id string, att budget.Attempt) {
+	t.Helper()
+	if err := holder.Retire(context.Background(), id, lease.All); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-att.Wake:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no wake event for the handoff")
+	}
+}
+
 func grantNow(t *testing.T, s *redisstore.Store, id string) budget.Attempt {
 	t.Helper()
 	req, _ := get(dom("a")).Normalize()
@@ -500,14 +514,7 @@ func TestHandoffAgeCountsFromTheWaitersCall(t *testing.T) {
 	}
 	called := clock.Now()
 	clock.step(ttl / 3)
-	if err := holder.Retire(ctx, "held", lease.All); err != nil { // hands the slot to the waiter
-		t.Fatal(err)
-	}
-	select {
-	case <-att.Wake:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no wake event for the handoff")
-	}
+	handOff(t, holder, "held", att)
 	got, err := waiter.TryAcquire(ctx, "w", req)
 	if err != nil || got.Outcome != budget.Granted {
 		t.Fatalf("after the handoff: %+v %v", got, err)
@@ -547,14 +554,7 @@ func TestHandoffExtendsSessionToARecentWaiter(t *testing.T) {
 	vouched := called.Add(ttl)
 	// The session still has 7/10 of a TTL.
 	clock.step(ttl / 10)
-	if err := holder.Retire(ctx, "held", lease.All); err != nil { // hands the slot to the waiter
-		t.Fatal(err)
-	}
-	select {
-	case <-att.Wake:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no wake event for the handoff")
-	}
+	handOff(t, holder, "held", att)
 	p := "rb:{" + hex.EncodeToString([]byte("recent")) + "}:"
 	d, err := c.ZScore(ctx, p+"sexp", redisstore.SessionID(waiter)).Result()
 	if err != nil {
