@@ -8,6 +8,7 @@ import (
 	"errors"
 	"maps"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -80,6 +81,19 @@ func (g *grantClock) read(id string) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return time.UnixMicro(at - co), true
+}
+
+// boundHistory bounds the grants of h by clock's times (boundGrants),
+// reports how many, and fails t for a grant the store made, by its own
+// clock, after its reply reached the holder.
+func boundHistory(t *testing.T, h *history.History, clock *grantClock) {
+	t.Helper()
+	bounded, after := boundGrants(h, clock.times())
+	figure(t, "history: %d grants bounded below by the store's time of the grant (read from the lease's record); %d of them recorded later than the reply that reported them",
+		bounded, after)
+	if after > 0 {
+		t.Errorf("%d grants made, by the store's clock, after their holder was told of them", after)
+	}
 }
 
 // boundGrants moves the start of each grant in h whose store time is in at
