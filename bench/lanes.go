@@ -166,7 +166,7 @@ func p3p4(ctx context.Context, e *env) error {
 	name := e.name("p3")
 	lim := budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: slots}}
 	lanes, err := startCrew(ctx, hosts, "host", workerSpec{Role: "lanes", Redis: e.url, Budget: name, Limits: lim,
-		Domain: "a", LeaseTTL: 15 * time.Second})
+		Domain: "a", LeaseTTL: 15 * time.Second, Profile: e.cfg.workerProf})
 	if err != nil {
 		return err
 	}

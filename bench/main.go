@@ -45,6 +45,7 @@ type config struct {
 	rounds      int
 	only        string
 	cpuProfile  string
+	workerProf  string // directory for the CPU profiles of P3's budget lanes
 	progress    io.Writer
 }
 
@@ -60,6 +61,7 @@ func main() {
 	flag.IntVar(&cfg.rounds, "rounds", 0, "repetitions of every figure (default 5, or 3 with -short)")
 	flag.StringVar(&cfg.only, "only", "", "comma-separated `sections` to run (floors,P1,P2,P3,P4,P5,P6,P7,P8,scripts,scale; P9 only when named); default all but P9")
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of P7's uncontended in-process loop to `file`")
+	flag.StringVar(&cfg.workerProf, "workerprofile", "", "write a CPU profile of each budget-lane worker of P3 and P4 into `dir` (<host>.pprof)")
 	flag.Parse()
 	cfg.progress = os.Stderr
 

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,6 +45,7 @@ type workerSpec struct {
 	Noop     bool          `json:"noop,omitempty"`
 	Cluster  []string      `json:"cluster,omitempty"` // node addresses (role "shards")
 	Shards   []shardBudget `json:"shards,omitempty"`
+	Profile  string        `json:"profile,omitempty"` // a directory: write a CPU profile there, <Host>.pprof
 }
 
 func isWorker() bool { return os.Getenv(envWorker) != "" }
@@ -54,6 +57,17 @@ func workerMain() int {
 	if err := json.Unmarshal([]byte(os.Getenv(envWorker)), &spec); err != nil {
 		fmt.Fprintln(os.Stderr, "worker: bad spec:", err)
 		return 2
+	}
+	if spec.Profile != "" {
+		f, err := os.Create(filepath.Join(spec.Profile, spec.Host+".pprof"))
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "worker: profile:", err)
+			return 2
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
 	w := &child{spec: spec, out: json.NewEncoder(os.Stdout), in: bufio.NewScanner(os.Stdin)}
 	if err := w.run(); err != nil {

@@ -126,6 +126,7 @@ else
     -- A head with an earlier ticket stays the head; else read it below.
     local h = hticket[d.q]
     if not (h and h < ticket) then HEADS[d.q] = nil end
+    if NEXT then NEXT[d.q] = nil end
     expire(d.q, IDLE)
     if d.qf ~= 1 then d.dirty = true end
     d.qf = 1 -- saved on every way out below

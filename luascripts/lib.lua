@@ -153,6 +153,8 @@ local CFG, P, PUB, IDLE -- config key, key prefix, publish command, idle TTL (ms
 local NOW, LIM, CANDS   -- the call's group time, limits, handoff candidates
 local PENDING           -- the candidates not yet tried, as a set
 local HEADS             -- queue key -> its head as this call knows it (false: empty)
+local NEXT              -- queue key -> the waiter after its head, as read with it (false: none; made on first use)
+local LATE              -- domains a retirement left to save when the call ends (done; made on first use)
 local WC                -- waiter id -> its record as this call knows it (false: none)
 local RAW               -- the call's Redis TIME (or the clock given), us
 local REAL              -- Redis's own TIME, us: RAW unless a clock was given
@@ -282,7 +284,7 @@ local function begin(keys, argv, keep)
     bad('publish command must be PUBLISH or SPUBLISH')
   end
   IDLE = int(argv[2], 'idle ttl', 1000, 86400000 * 30, true)
-  CANDS, PENDING, HEADS, WC = {}, {}, {}, {}
+  CANDS, PENDING, HEADS, NEXT, LATE, WC = {}, {}, {}, nil, nil, {}
   -- rawget: miniredis has no struct, and refuses a read of a missing global.
   -- In a library, once found it stays.
   if not STRUCT then STRUCT = rawget(_G, 'struct') end
@@ -614,6 +616,23 @@ local function dconvert(d)
   redis.call('SET', d.key, d.s, 'PX', I(ttl))
 end
 
+-- Domain keys whose queue flag this server last saw set, kept past the
+-- call in a library: a retirement uses it to choose how to return its
+-- slots (dreturn_fast). Only a guess, which costs a command when wrong and
+-- never changes a decision. Bounded like LCACHE.
+local QH, NQH = {}, 0
+local QH_MAX = 8192
+local function qh_note(key, queued)
+  if not IN_LIBRARY then return end
+  if queued then
+    if QH[key] then return end
+    if NQH >= QH_MAX then QH, NQH = {}, 0 end
+    QH[key], NQH = true, NQH + 1
+  elseif QH[key] then
+    QH[key] = nil
+  end
+end
+
 -- Loads a domain as numbers (absent: all 0, d.new set). d.s keeps what is
 -- stored, so dsave writes only when something changed. A call loads each
 -- domain once: a handoff tries several waiters, often on the same domains.
@@ -763,6 +782,7 @@ local function dsave(d, now, lim, clean)
     redis.call('SET', d.key, s, 'KEEPTTL')
   end
   d.s, d.new, d.dirty = s, false, false
+  if IN_LIBRARY and (d.qf == 1) ~= (QH[d.key] == true) then qh_note(d.key, d.qf == 1) end
 end
 
 -- Renews the config hash's TTL when half of it is spent, and with it those
@@ -954,6 +974,27 @@ local function wconvert(key)
   return w
 end
 
+-- What a handoff needs of a queued waiter to see that a ceiling blocks it
+-- (its class, body flag and domains), kept past the call in a library,
+-- by key prefix and id. A release that grants the head of a queue tries
+-- the next one too, whom that grant has usually just blocked; reading and
+-- unpacking its record only to learn so was about a twentieth of a
+-- contended admission. None of these fields changes while a waiter
+-- waits (an id names one request), and only records a handoff acts on
+-- are noted (with a TTL and a session). An entry goes when its waiter
+-- leaves; one left behind (the record expired, or the group moved to
+-- another server and back) can only make a try say 'blocked' where the
+-- record's absence says 'no', and both leave the waiter asleep, which is
+-- all either means. The entry is the record's table (by the record's key),
+-- of which only those fields are read. Bounded like LCACHE.
+local RQ, NRQ = {}, 0
+local RQ_MAX = 8192
+local function rq_note(key, w)
+  if not IN_LIBRARY or w.ttl == 0 or w.sn == '-' or RQ[key] then return end
+  if NRQ >= RQ_MAX then RQ, NRQ = {}, 0 end
+  RQ[key], NRQ = w, NRQ + 1
+end
+
 -- Waiter wid's record, or nil; read once per call.
 local function wload(wid)
   local w = WC[wid]
@@ -968,13 +1009,16 @@ local function wload(wid)
     w = v and wunpack(v)
   end
   WC[wid] = w or false
+  if w then rq_note(key, w) end
   return w
 end
 
 -- Writes waiter wid's record w and renews its key's TTL.
 local function wsave(wid, w)
-  redis.call('SET', P .. 'w:' .. wid, wpack(w), 'PXAT', expiry_arg(IDLE))
+  local key = P .. 'w:' .. wid
+  redis.call('SET', key, wpack(w), 'PXAT', expiry_arg(IDLE))
   WC[wid] = w
+  rq_note(key, w)
 end
 
 local function wake(wid)
@@ -986,12 +1030,17 @@ end
 
 -- The head of queue q. A call remembers what it read or changed (HEADS),
 -- so a handoff does not read again the head a release just found, nor the
--- one a waiter's removal left.
+-- one a waiter's removal left. The waiter after the head comes with it
+-- (NEXT), so that granting the head, the usual next step, takes it out of
+-- the queue without reading the queue again. Whatever changes a queue
+-- (remove_waiter, acquire's join) forgets or updates both.
 local function head(q)
   local h = HEADS[q]
   if h == nil then
-    h = redis.call('ZRANGE', q, '0', '0')[1] or false
-    HEADS[q] = h
+    local r = redis.call('ZRANGE', q, '0', '1')
+    h = r[1] or false
+    if not NEXT then NEXT = {} end
+    HEADS[q], NEXT[q] = h, r[2] or false
   end
   return h or nil
 end
@@ -1021,24 +1070,34 @@ local function remove_waiter(wid)
     for k = 1, #es do
       local q = P .. 'q:' .. es[k]
       -- The first two: if wid heads the queue, the second is the new head.
-      local h = redis.call('ZRANGE', q, '0', '1')
-      redis.call('ZREM', q, wid)
-      if h[1] == wid then
-        HEADS[q] = h[2] or false
-        if h[2] then candidate(h[2]) end
-      else
-        HEADS[q] = h[1] or false
+      local h1, h2 = HEADS[q], NEXT and NEXT[q]
+      if h1 ~= wid or h2 == nil then
+        local h = redis.call('ZRANGE', q, '0', '1')
+        h1, h2 = h[1] or false, h[2] or false
       end
+      redis.call('ZREM', q, wid)
+      if h1 == wid then
+        HEADS[q] = h2
+        if h2 then candidate(h2) end
+      else
+        HEADS[q] = h1
+      end
+      if NEXT then NEXT[q] = nil end -- not read: the one after the new head
     end
   end
-  redis.call('DEL', P .. 'w:' .. wid)
+  local key = P .. 'w:' .. wid
+  redis.call('DEL', key)
   WC[wid] = false
+  RQ[key] = nil
   redis.call('ZREM', P .. 'wexp', wid)
 end
 
 -- Returns a lease's parts (dr, db: its request slot, its body slot) to
--- domain enc, class index ci, by loading and saving the domain.
-local function dreturn(enc, ci, dr, db, now, lim)
+-- domain enc, class index ci, by loading and saving the domain. With
+-- defer, a domain whose queue has a head is saved when the call ends
+-- (done) instead: the handoff that follows most often grants that head,
+-- and its grant saves the domain with both changes in one write.
+local function dreturn(enc, ci, dr, db, now, lim, defer)
   local d = dload(enc)
   -- A domain outlives its leases (heartbeats renew it), so one that is
   -- missing went with its counts (a state loss): there is nothing to
@@ -1048,11 +1107,19 @@ local function dreturn(enc, ci, dr, db, now, lim)
     if dr and d.f[ci] > 0 then d.f[ci] = d.f[ci] - 1 end
     if db and d.b > 0 then d.b = d.b - 1 end
   end
+  local h
   if d.qf == 1 then
-    local h = head(d.q)
+    h = head(d.q)
     if h then candidate(h) else d.qf = 0 end
   end
-  if not d.new then dsave(d, now, lim) end
+  if d.new then return end
+  if defer and h then
+    d.dirty = true
+    if not LATE then LATE = {} end
+    LATE[#LATE + 1] = d
+  else
+    dsave(d, now, lim)
+  end
 end
 
 -- The same in place, with one BITFIELD that reads the version and qf and
@@ -1060,10 +1127,12 @@ end
 -- retirement never needs its domain's TTL renewed: the heartbeats and the
 -- grants do that). 2.4 us where loading and saving took 3.8, here. A
 -- domain this call has loaded goes through its table instead, which must
--- stay what Redis holds.
-local function dreturn_fast(enc, ci, dr, db, now, lim)
-  if DC[enc] or not STRUCT then return dreturn(enc, ci, dr, db, now, lim) end
+-- stay what Redis holds. So does one with waiters, as this server last saw
+-- it (QH), where the save may be deferred: the handoff that follows loads
+-- it anyway, and the BITFIELD would be a command more.
+local function dreturn_fast(enc, ci, dr, db, now, lim, defer)
   local key = P .. 'd:' .. enc
+  if DC[enc] or not STRUCT or (defer and QH[key]) then return dreturn(enc, ci, dr, db, now, lim, defer) end
   local r
   if dr and db then
     r = redis.pcall('BITFIELD', key, 'GET', 'i64', '#0', 'GET', 'i64', BFQ,
@@ -1076,7 +1145,7 @@ local function dreturn_fast(enc, ci, dr, db, now, lim)
   if r.err then
     -- The previous layout's hash: dload converts it.
     if not string.find(r.err, '^WRONGTYPE') then error(r) end
-    return dreturn(enc, ci, dr, db, now, lim)
+    return dreturn(enc, ci, dr, db, now, lim, defer)
   end
   if r[1] ~= DVERSION then
     -- Not this layout: BITFIELD made the key just now (it was missing), or
@@ -1088,11 +1157,12 @@ local function dreturn_fast(enc, ci, dr, db, now, lim)
     else
       redis.call('BITFIELD', key, 'INCRBY', 'i64', dr and BFC[ci] or BFB, 1)
     end
-    return dreturn(enc, ci, dr, db, now, lim)
+    return dreturn(enc, ci, dr, db, now, lim, defer)
   end
   -- A count below zero (its domain lost it) goes back to zero.
   if r[3] < 0 then redis.call('BITFIELD', key, 'SET', 'i64', dr and BFC[ci] or BFB, 0) end
   if r[4] and r[4] < 0 then redis.call('BITFIELD', key, 'SET', 'i64', BFB, 0) end
+  if IN_LIBRARY and (r[2] == 1) ~= (QH[key] == true) then qh_note(key, r[2] == 1) end
   if r[2] == 1 then
     local h = head(P .. 'q:' .. enc)
     if h then candidate(h) end
@@ -1101,8 +1171,10 @@ end
 
 -- Returns parts of lease lid (r, b are 0 or 1); the heads of its queues
 -- become candidates. popped says reclaim has already taken lid out of its
--- session's set. Returns the lease's record as it was (nil when unknown).
-local function retire(lid, r, b, popped)
+-- session's set. defer lets a domain's save wait for the end of the call
+-- (dreturn): only for a caller that returns through done next. Returns
+-- the lease's record as it was (nil when unknown).
+local function retire(lid, r, b, popped, defer)
   local lx = P .. 'lx'
   local v = redis.call('HGET', lx, lid)
   if not v then return nil end
@@ -1120,7 +1192,7 @@ local function retire(lid, r, b, popped)
     local now, lim, ci = clock(), lims(), l.c + 1
     local es = split_encs(l.ds)
     for k = 1, #es do
-      dreturn_fast(es[k], ci, dr, db, now, lim)
+      dreturn_fast(es[k], ci, dr, db, now, lim, defer)
     end
   end
   if dr then hr = 0 end
@@ -1263,7 +1335,7 @@ local function new_epoch(now, quarantine_us, rebuild)
     for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
       redis.call('DEL', P .. 'q:' .. enc)
     end
-    HEADS = {}
+    HEADS, NEXT = {}, nil
     for _, wid in ipairs(redis.call('ZRANGE', P .. 'wexp', 0, -1)) do
       redis.call('DEL', P .. 'w:' .. wid)
     end
@@ -1295,6 +1367,27 @@ local function vouch(lim, now, quarantine_us)
   end
 end
 
+-- Reports whether a ceiling surely blocks the request of rq (RQ), a queued
+-- waiter now, judged from domains this call holds (DC) without its record,
+-- and only where try_grant would change nothing on its way to 'blocked'
+-- or 'no' (which done treats alike): this server wrote the counts, no
+-- quarantine, and no domain whose bucket check would refill (a throttled
+-- one's refill is kept) or cap. Else try_grant goes the long way.
+local function blocked(rq, lim, now)
+  if lim.rid ~= MYRID or now < lim.qu then return false end
+  local ci = rq.c + 1
+  local cap, full = lim.caps[ci], false
+  local encs = split_encs(rq.ds)
+  for k = 1, #encs do
+    local d = DC[encs[k]]
+    if not d or d.th == 1 or (lim.rps > 0 and not (d.bk == 1 and d.ta == now and d.tk <= lim.burst)) then
+      return false
+    end
+    if (cap > 0 and d.f[ci] >= cap) or (rq.b == 1 and lim.bodies > 0 and d.b >= lim.bodies) then full = true end
+  end
+  return full
+end
+
 -- try_grant admits queued waiter wid on its stored request if it heads all
 -- its queues and fits now, and tells it so. Returns 'granted', 'wait' (held
 -- back by the rate or a pause), 'blocked' (a ceiling), 'no' (not a head of
@@ -1302,6 +1395,8 @@ end
 -- or whose session is dead: just wake it, and its own call sorts it out).
 local function try_grant(wid, now)
   local lim = lims()
+  local rq = lim and RQ[P .. 'w:' .. wid]
+  if rq and blocked(rq, lim, now) then return 'blocked' end
   local w = wload(wid)
   if not w then return 'no' end
   if not lim or w.ttl == 0 or w.sn == '-' then return 'unknown' end
@@ -1368,6 +1463,15 @@ local function done(result)
         wake(wid)
       end
     end
+  end
+  -- What a retirement left to save (dreturn), unless a grant saved it.
+  if LATE then
+    local lim = lims()
+    for k = 1, #LATE do
+      local d = LATE[k]
+      if d.dirty then dsave(d, now, lim) end
+    end
+    LATE = nil
   end
   return result
 end

@@ -1,0 +1,109 @@
+package redisstore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/lease"
+)
+
+// TestHandoffJudgesEachHeadByItsOwnRequest: a release grants the head of
+// the queue, then tries the waiter behind it, which the scripts judge from
+// a note of its request kept past the call (lib.lua, RQ) when the grant
+// has filled its class. The note must be that waiter's own: a waiter of a
+// class the grant did not fill is granted by the same release, one of the
+// full class waits, and is granted by the next release, on real Redis
+// (where the scripts run as a library and keep the notes) and miniredis.
+func TestHandoffJudgesEachHeadByItsOwnRequest(t *testing.T) {
+	for _, tc := range bothServers() {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := sessionStore(t, tc.client(t), "heads", 30*time.Second, nil, 1)
+			put := budget.Request{Domains: []budget.Domain{dom("a")}, Class: budget.OpPut, Consumer: "test"}
+			queue := func(id string, r budget.Request) budget.Attempt {
+				t.Helper()
+				req, _ := r.Normalize()
+				att, err := s.TryAcquire(ctx, id, req)
+				if err != nil || att.Outcome != budget.Queued {
+					t.Fatalf("TryAcquire(%s) = %+v, %v; want queued", id, att, err)
+				}
+				return att
+			}
+			inFlight := func() (gets, puts int) {
+				t.Helper()
+				u, err := s.Usage(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				du := domainOf(u, dom("a"))
+				return du.InFlight[budget.OpGet], du.InFlight[budget.OpPut]
+			}
+			grantNow(t, s, "held")
+			a1 := queue("a1", get(dom("a")))
+			a2 := queue("a2", get(dom("a")))
+			p1 := queue("p1", put) // behind a2 in arrival order: FIFO holds it there
+			handOff(t, s, "held", a1)
+			if g, p := inFlight(); g != 1 || p != 0 {
+				t.Fatalf("after the first release: %d gets and %d puts in flight, want 1 and 0 (a2 blocked, p1 behind it)", g, p)
+			}
+			select {
+			case <-a2.Wake:
+				t.Error("a2, blocked by the grant before it, was woken")
+			default:
+			}
+			// The grants are the release's own: counted when it returns
+			// (a renewal, a TTL/3 later, would grant p1 too).
+			if err := s.Retire(ctx, "a1", lease.All); err != nil {
+				t.Fatal(err)
+			}
+			if g, p := inFlight(); g != 1 || p != 1 {
+				t.Fatalf("after the second release: %d gets and %d puts in flight, want 1 and 1 (a2, then p1, whose class has no ceiling)", g, p)
+			}
+			for _, w := range []budget.Attempt{a2, p1} {
+				select {
+				case <-w.Wake:
+				case <-time.After(10 * time.Second):
+					t.Fatal("no wake event for the second release's grants")
+				}
+			}
+		})
+	}
+}
+
+// TestReleaseSavesItsDomainWhenNoHandoffFollows: a release leaves the
+// save of a domain with waiters to the end of its call, where the grant
+// it hands the slot to usually saves it (lib.lua, dreturn). When the head
+// cannot be granted (here it also waits on a second, full domain) the
+// release must still save the slot it returned.
+func TestReleaseSavesItsDomainWhenNoHandoffFollows(t *testing.T) {
+	for _, tc := range bothServers() {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			s := sessionStore(t, tc.client(t), "late", 30*time.Second, nil, 1)
+			grantNow(t, s, "on-a")
+			req, _ := get(dom("b")).Normalize()
+			if att, err := s.TryAcquire(ctx, "on-b", req); err != nil || att.Outcome != budget.Granted {
+				t.Fatalf("TryAcquire(on-b) = %+v, %v", att, err)
+			}
+			both, _ := get(dom("a"), dom("b")).Normalize()
+			if att, err := s.TryAcquire(ctx, "both", both); err != nil || att.Outcome != budget.Queued {
+				t.Fatalf("TryAcquire(both) = %+v, %v; want queued", att, err)
+			}
+			if err := s.Retire(ctx, "on-a", lease.All); err != nil {
+				t.Fatal(err)
+			}
+			if n := inFlightOf(t, s); n != 0 {
+				t.Fatalf("domain a after its lease's release: %d in flight, want 0 (the head waits on b)", n)
+			}
+			u, err := s.Usage(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := domainOf(u, dom("b")).InFlight[budget.OpGet]; n != 1 {
+				t.Errorf("domain b: %d in flight, want 1", n)
+			}
+		})
+	}
+}
