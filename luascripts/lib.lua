@@ -869,8 +869,13 @@ end
 -- have died since its last call: it creates or extends the session to the
 -- waiter's own liveness deadline (or a TTL from now, if sooner) and no
 -- further, so a crashed process's leases are not kept past what its last
--- call or renewal vouched for. It returns that deadline too (nil if the
--- waiter has none), which the wake message needs.
+-- call or renewal vouched for. A session that ends less than a sixth of a
+-- TTL before that deadline is left as it is, as a call leaves one with
+-- two thirds of a TTL to go: under contention nearly every handoff found
+-- its waiter renewed later than the session, and wrote the session for
+-- it. The waiter hears how short its lease falls (try_grant), and counts
+-- it from its call less that. It returns the waiter's deadline too (nil
+-- if the waiter has none), which the wake message needs.
 local function session(sid, ttl, now, wid)
   local sx = P .. 'sexp'
   local d = tonumber(redis.call('ZSCORE', sx, sid))
@@ -888,7 +893,7 @@ local function session(sid, ttl, now, wid)
     -- that call, not from an older heartbeat.
     live = tonumber(redis.call('ZSCORE', P .. 'wexp', wid))
     if live and live < at then at = live end
-    if d and d >= at then return d - now, live end
+    if d and d >= at - ttl / 6 then return d - now, live end
     if at <= now then return nil end
   end
   redis.call('ZADD', sx, I(at), sid)

@@ -133,11 +133,12 @@
 // session's TTL already spent, so a keeper never counts a lease alive
 // past its session's deadline. A handoff (below) extends the session no
 // further than the waiter's own liveness deadline, a TTL after its latest
-// call, and reports how far short of that deadline the session ends: the
-// waiter counts from a call it sent, which it can time, where an age since
-// the grant would have to be counted from that call as well, twice (under
-// load a waiter last heard of a third of a TTL before its grant got a
-// lease its keeper gave up at once, or refused as stale). Hosts of this version and older ones (with
+// call, and not at all when the session ends less than a sixth of a TTL
+// before it, and reports how far short of that deadline the session ends:
+// the waiter counts from a call it sent, which it can time, where an age
+// since the grant would have to be counted from that call as well, twice
+// (under load a waiter last heard of a third of a TTL before its grant got
+// a lease its keeper gave up at once, or refused as stale). Hosts of this version and older ones (with
 // a deadline per lease) keep leases in different keys, so they must not
 // share a budget: a rolling upgrade needs a new budget name, or a stop.
 // The same holds for the packed domain keys (one string per domain, where

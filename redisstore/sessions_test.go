@@ -571,3 +571,39 @@ func TestHandoffExtendsSessionToARecentWaiter(t *testing.T) {
 		t.Errorf("handoff grant's age %v, want %v (since the waiter's call)", got.GrantedAgo, want)
 	}
 }
+
+// TestHandoffLeavesANearSessionAlone: a session that ends less than a
+// sixth of a TTL before the waiter's liveness deadline is not written by
+// the handoff; the waiter hears how far short it ends, and counts its
+// lease to the session's deadline.
+func TestHandoffLeavesANearSessionAlone(t *testing.T) {
+	ctx := context.Background()
+	const ttl = 30 * time.Second
+	c, clock, holder, waiter := twoHosts(t, "near", ttl, 2)
+	grantNow(t, holder, "held")
+	grantNow(t, waiter, "mine") // opens the waiter's session: deadline a TTL from now
+	opened := clock.Now()
+	clock.step(ttl / 10)
+	req, _ := get(dom("a")).Normalize()
+	att, err := waiter.TryAcquire(ctx, "queued", req)
+	if err != nil || att.Outcome != budget.Queued {
+		t.Fatalf("waiter: %+v %v", att, err)
+	}
+	clock.step(ttl / 10)
+	handOff(t, holder, "held", att)
+	p := "rb:{" + hex.EncodeToString([]byte("near")) + "}:"
+	d, err := c.ZScore(ctx, p+"sexp", redisstore.SessionID(waiter)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := time.UnixMicro(int64(d)), opened.Add(ttl); !got.Equal(want) {
+		t.Errorf("session deadline after the handoff %v, want %v (unchanged: 3 s short of the waiter's)", got, want)
+	}
+	got, err := waiter.TryAcquire(ctx, "queued", req)
+	if err != nil || got.Outcome != budget.Granted {
+		t.Fatalf("after the handoff: %+v %v", got, err)
+	}
+	if want := clock.Now().Sub(opened); got.GrantedAgo != want {
+		t.Errorf("handoff grant's age %v, want %v (counted to the session's deadline)", got.GrantedAgo, want)
+	}
+}
