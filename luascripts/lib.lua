@@ -718,17 +718,18 @@ local function rate(d, now, lim)
   return 0, 0
 end
 
+-- rf notes a bucket changed since the domain was saved (try_grant).
 local function refill(d, now, r, burst)
   if d.bk ~= 1 then
-    d.bk, d.tk, d.ta = 1, burst, now
+    d.bk, d.tk, d.ta, d.rf = 1, burst, now, true
     return
   end
   local dt = (now - d.ta) / 1000000
   if dt > 0 then
     d.tk = d.tk + dt * r
-    d.ta = now
+    d.ta, d.rf = now, true
   end
-  if d.tk > burst then d.tk = burst end
+  if d.tk > burst then d.tk, d.rf = burst, true end
 end
 
 -- Mirrors decayRate in budget/throttle.go, shortcut included: for
@@ -781,7 +782,7 @@ local function dsave(d, now, lim, clean)
   elseif s ~= d.s then
     redis.call('SET', d.key, s, 'KEEPTTL')
   end
-  d.s, d.new, d.dirty = s, false, false
+  d.s, d.new, d.dirty, d.rf = s, false, false, nil
   if IN_LIBRARY and (d.qf == 1) ~= (QH[d.key] == true) then qh_note(d.key, d.qf == 1) end
 end
 
@@ -1420,14 +1421,18 @@ local function try_grant(wid, now)
   for k = 1, #encs do doms[k] = dload(encs[k]) end
   local r, left, live = decide(req, doms, lim, now)
   if r ~= 'granted' then
-    -- Keep what check refilled where the rate changes with time (a
-    -- throttled domain, its factor climbing back): a refill credits the
-    -- whole time since the last one at today's rate, so when refills
-    -- happen changes the tokens, and memStore keeps every refill its
-    -- checks make. At a constant rate a refill now or later comes to the
-    -- same, and nothing need be written.
+    -- Keep what check refilled, as memStore keeps every refill its
+    -- checks make. Where the rate changes with time (a throttled domain,
+    -- its factor climbing back) when refills happen changes the tokens.
+    -- At a constant rate a refill now or later comes to the same, but
+    -- only while time goes forward: after TIME steps back the group clock
+    -- resumes from its anchor, up to a second before the latest time read
+    -- (group_clock), and a bucket refilled after the anchor and not kept
+    -- would lose what that refill credited until the clock passed it
+    -- again (the long differential test found it).
     for k = 1, #doms do
-      if doms[k].th == 1 then dsave(doms[k], now, lim) end
+      local d = doms[k]
+      if d.th == 1 or d.rf then dsave(d, now, lim) end
     end
     if r == 'gone' then return 'unknown' end
     return r
