@@ -1401,7 +1401,7 @@ end
 -- or whose session is dead: just wake it, and its own call sorts it out).
 local function try_grant(wid, now)
   local lim = lims()
-  local rq = lim and RQ[P .. 'w:' .. wid]
+  local rq = IN_LIBRARY and lim and RQ[P .. 'w:' .. wid]
   if rq and blocked(rq, lim, now) then return 'blocked' end
   local w = wload(wid)
   if not w then return 'no' end

@@ -22,15 +22,6 @@ func TestHandoffJudgesEachHeadByItsOwnRequest(t *testing.T) {
 			ctx := context.Background()
 			s := sessionStore(t, tc.client(t), "heads", 30*time.Second, nil, 1)
 			put := budget.Request{Domains: []budget.Domain{dom("a")}, Class: budget.OpPut, Consumer: "test"}
-			queue := func(id string, r budget.Request) budget.Attempt {
-				t.Helper()
-				req, _ := r.Normalize()
-				att, err := s.TryAcquire(ctx, id, req)
-				if err != nil || att.Outcome != budget.Queued {
-					t.Fatalf("TryAcquire(%s) = %+v, %v; want queued", id, att, err)
-				}
-				return att
-			}
 			inFlight := func() (gets, puts int) {
 				t.Helper()
 				u, err := s.Usage(ctx)
@@ -41,9 +32,9 @@ func TestHandoffJudgesEachHeadByItsOwnRequest(t *testing.T) {
 				return du.InFlight[budget.OpGet], du.InFlight[budget.OpPut]
 			}
 			grantNow(t, s, "held")
-			a1 := queue("a1", get(dom("a")))
-			a2 := queue("a2", get(dom("a")))
-			p1 := queue("p1", put) // behind a2 in arrival order: FIFO holds it there
+			a1 := queueNow(t, s, "a1", get(dom("a")))
+			a2 := queueNow(t, s, "a2", get(dom("a")))
+			p1 := queueNow(t, s, "p1", put) // behind a2 in arrival order: FIFO holds it there
 			handOff(t, s, "held", a1)
 			if g, p := inFlight(); g != 1 || p != 0 {
 				t.Fatalf("after the first release: %d gets and %d puts in flight, want 1 and 0 (a2 blocked, p1 behind it)", g, p)
@@ -87,10 +78,7 @@ func TestReleaseSavesItsDomainWhenNoHandoffFollows(t *testing.T) {
 			if att, err := s.TryAcquire(ctx, "on-b", req); err != nil || att.Outcome != budget.Granted {
 				t.Fatalf("TryAcquire(on-b) = %+v, %v", att, err)
 			}
-			both, _ := get(dom("a"), dom("b")).Normalize()
-			if att, err := s.TryAcquire(ctx, "both", both); err != nil || att.Outcome != budget.Queued {
-				t.Fatalf("TryAcquire(both) = %+v, %v; want queued", att, err)
-			}
+			queueNow(t, s, "both", get(dom("a"), dom("b")))
 			if err := s.Retire(ctx, "on-a", lease.All); err != nil {
 				t.Fatal(err)
 			}

@@ -165,6 +165,17 @@ func grantNow(t *testing.T, s *redisstore.Store, id string) budget.Attempt {
 	return att
 }
 
+// queueNow makes waiter id's first call for r on s, which must queue.
+func queueNow(t *testing.T, s *redisstore.Store, id string, r budget.Request) budget.Attempt {
+	t.Helper()
+	req, _ := r.Normalize()
+	att, err := s.TryAcquire(context.Background(), id, req)
+	if err != nil || att.Outcome != budget.Queued {
+		t.Fatalf("TryAcquire(%s) = %+v, %v; want queued", id, att, err)
+	}
+	return att
+}
+
 func inFlightOf(t *testing.T, s *redisstore.Store) int {
 	t.Helper()
 	u, err := s.Usage(context.Background())
@@ -532,78 +543,59 @@ func TestHandoffAgeCountsFromTheWaitersCall(t *testing.T) {
 	}
 }
 
-// TestHandoffExtendsSessionToARecentWaiter: a handoff to a waiter whose
-// liveness deadline (its latest call or renewal) lies past its session's
-// deadline extends the session to it, even while the session still has
-// most of a TTL left, and the lease's age counts from the waiter's call.
-// A session left at its older deadline gave the lease a looser lower bound
-// on its grant, in the keeper and in the fault suite's history check.
-func TestHandoffExtendsSessionToARecentWaiter(t *testing.T) {
-	ctx := context.Background()
+// TestHandoffSessionExtension: a handoff extends the waiter's session to
+// the waiter's own liveness deadline (a TTL after its call), and the
+// waiter counts its lease from that call ("recent"); but a session that
+// ends less than a sixth of a TTL before that deadline is left as it is,
+// and the waiter, told how far short it ends, counts its lease to the
+// session's deadline ("near"). A session always left at its older deadline
+// gave the lease a looser lower bound on its grant, in the keeper and in
+// the fault suite's history check; one extended on every handoff was a
+// write on nearly every contended admission.
+func TestHandoffSessionExtension(t *testing.T) {
 	const ttl = 30 * time.Second
-	c, clock, holder, waiter := twoHosts(t, "recent", ttl, 2)
-	grantNow(t, holder, "held")
-	grantNow(t, waiter, "mine") // opens the waiter's session: deadline a TTL from now
-	clock.step(ttl / 5)
-	req, _ := get(dom("a")).Normalize()
-	att, err := waiter.TryAcquire(ctx, "queued", req)
-	if err != nil || att.Outcome != budget.Queued {
-		t.Fatalf("waiter: %+v %v", att, err)
-	}
-	called := clock.Now()
-	vouched := called.Add(ttl)
-	// The session still has 7/10 of a TTL.
-	clock.step(ttl / 10)
-	handOff(t, holder, "held", att)
-	p := "rb:{" + hex.EncodeToString([]byte("recent")) + "}:"
-	d, err := c.ZScore(ctx, p+"sexp", redisstore.SessionID(waiter)).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := time.UnixMicro(int64(d)); !got.Equal(vouched) {
-		t.Errorf("session deadline after the handoff %v, want %v (the waiter's liveness deadline)", got, vouched)
-	}
-	got, err := waiter.TryAcquire(ctx, "queued", req)
-	if err != nil || got.Outcome != budget.Granted {
-		t.Fatalf("after the handoff: %+v %v", got, err)
-	}
-	if want := clock.Now().Sub(called); got.GrantedAgo != want {
-		t.Errorf("handoff grant's age %v, want %v (since the waiter's call)", got.GrantedAgo, want)
-	}
-}
-
-// TestHandoffLeavesANearSessionAlone: a session that ends less than a
-// sixth of a TTL before the waiter's liveness deadline is not written by
-// the handoff; the waiter hears how far short it ends, and counts its
-// lease to the session's deadline.
-func TestHandoffLeavesANearSessionAlone(t *testing.T) {
-	ctx := context.Background()
-	const ttl = 30 * time.Second
-	c, clock, holder, waiter := twoHosts(t, "near", ttl, 2)
-	grantNow(t, holder, "held")
-	grantNow(t, waiter, "mine") // opens the waiter's session: deadline a TTL from now
-	opened := clock.Now()
-	clock.step(ttl / 10)
-	req, _ := get(dom("a")).Normalize()
-	att, err := waiter.TryAcquire(ctx, "queued", req)
-	if err != nil || att.Outcome != budget.Queued {
-		t.Fatalf("waiter: %+v %v", att, err)
-	}
-	clock.step(ttl / 10)
-	handOff(t, holder, "held", att)
-	p := "rb:{" + hex.EncodeToString([]byte("near")) + "}:"
-	d, err := c.ZScore(ctx, p+"sexp", redisstore.SessionID(waiter)).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := time.UnixMicro(int64(d)), opened.Add(ttl); !got.Equal(want) {
-		t.Errorf("session deadline after the handoff %v, want %v (unchanged: 3 s short of the waiter's)", got, want)
-	}
-	got, err := waiter.TryAcquire(ctx, "queued", req)
-	if err != nil || got.Outcome != budget.Granted {
-		t.Fatalf("after the handoff: %+v %v", got, err)
-	}
-	if want := clock.Now().Sub(opened); got.GrantedAgo != want {
-		t.Errorf("handoff grant's age %v, want %v (counted to the session's deadline)", got.GrantedAgo, want)
+	for _, tc := range []struct {
+		name   string
+		called time.Duration // when the waiter queues, after its session opened
+		extend bool
+	}{
+		{"recent", ttl / 5, true}, // the session would end 6 s short
+		{"near", ttl / 10, false}, // 3 s short: less than a sixth of the TTL
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			c, clock, holder, waiter := twoHosts(t, tc.name, ttl, 2)
+			grantNow(t, holder, "held")
+			grantNow(t, waiter, "mine") // opens the waiter's session: deadline a TTL from now
+			opened := clock.Now()
+			clock.step(tc.called)
+			att := queueNow(t, waiter, "queued", get(dom("a")))
+			called := clock.Now()
+			clock.step(ttl / 10)
+			handOff(t, holder, "held", att)
+			p := "rb:{" + hex.EncodeToString([]byte(tc.name)) + "}:"
+			d, err := c.ZScore(ctx, p+"sexp", redisstore.SessionID(waiter)).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The lease counts from its basis: the waiter's call when the
+			// session reaches the waiter's deadline, else the session's
+			// own last renewal.
+			wantDeadline, basis := opened.Add(ttl), opened
+			if tc.extend {
+				wantDeadline, basis = called.Add(ttl), called
+			}
+			if got := time.UnixMicro(int64(d)); !got.Equal(wantDeadline) {
+				t.Errorf("session deadline after the handoff %v, want %v", got, wantDeadline)
+			}
+			req, _ := get(dom("a")).Normalize()
+			got, err := waiter.TryAcquire(ctx, "queued", req)
+			if err != nil || got.Outcome != budget.Granted {
+				t.Fatalf("after the handoff: %+v %v", got, err)
+			}
+			if want := clock.Now().Sub(basis); got.GrantedAgo != want {
+				t.Errorf("handoff grant's age %v, want %v", got.GrantedAgo, want)
+			}
+		})
 	}
 }
