@@ -31,7 +31,7 @@ import (
 // full Usage compared after each step. The two stores are meant to take
 // the same decisions, so any difference is a drift in one of them.
 //
-// The short run (a few seeds of 200 steps, and seeds the long run once
+// The short run (12 seeds of 300 steps, and seeds the long run once
 // failed on) is part of the normal suite.
 // The long run is behind a flag:
 //
@@ -43,7 +43,7 @@ import (
 var (
 	diffLong  = flag.Bool("differential.long", false, "TestDifferential*: 100 seeds of 2000 steps instead of the short run")
 	diffSeed  = flag.Uint64("differential.seed", 0, "TestDifferential*: run only this seed")
-	diffSteps = flag.Int("differential.steps", 0, "TestDifferential*: steps per seed (default 200, 2000 with -differential.long)")
+	diffSteps = flag.Int("differential.steps", 0, "TestDifferential*: steps per seed (default 300, 2000 with -differential.long)")
 )
 
 // diffTTL is the lease TTL of the Redis store. The in-process store never
@@ -73,7 +73,7 @@ func TestDifferentialRedisEval(t *testing.T) {
 }
 
 func runDifferential(t *testing.T, c redis.UniversalClient, opts ...redisstore.Option) {
-	seeds, steps := 4, 200
+	seeds, steps := 12, 300
 	if *diffLong {
 		seeds, steps = 100, 2000
 	}
