@@ -1456,8 +1456,7 @@ end
 -- done hands free capacity to the candidates, in bounded work, and wakes
 -- those that must hear of a change; every script returns through it.
 local HANDOFF = 32
-local function done(result)
-  local now = clock()
+local function hand_off(now)
   local i, granted = 1, 0
   while i <= #CANDS do
     local wid = CANDS[i]
@@ -1474,15 +1473,26 @@ local function done(result)
       end
     end
   end
-  -- What a retirement left to save (dreturn), unless a grant saved it.
-  if LATE then
-    local lim = lims()
-    for k = 1, #LATE do
-      local d = LATE[k]
-      if d.dirty then dsave(d, now, lim) end
-    end
-    LATE = nil
+end
+
+local function done(result)
+  local now = clock()
+  if not LATE then
+    hand_off(now)
+    return result
   end
+  -- What a retirement left to save (dreturn) is saved here unless a grant
+  -- saved it, even when the handoff fails (a key of the wrong type, put
+  -- there by hand): a script's writes stay when it fails, and the slots
+  -- the retirement returned must be among them, as when it saved at once.
+  local ok, err = pcall(hand_off, now)
+  local lim = lims()
+  for k = 1, #LATE do
+    local d = LATE[k]
+    if d.dirty then dsave(d, now, lim) end
+  end
+  LATE = nil
+  if not ok then error(err, 0) end
   return result
 end
 

@@ -2,6 +2,8 @@ package redisstore_test
 
 import (
 	"context"
+	"encoding/hex"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,6 +93,36 @@ func TestReleaseSavesItsDomainWhenNoHandoffFollows(t *testing.T) {
 			}
 			if n := domainOf(u, dom("b")).InFlight[budget.OpGet]; n != 1 {
 				t.Errorf("domain b: %d in flight, want 1", n)
+			}
+		})
+	}
+}
+
+// TestReleaseSavesItsDomainWhenTheHandoffFails: the end-of-call save of a
+// release's domain happens even when the handoff after it fails, here on
+// a waiter's key an operator replaced with a list: the script's other
+// writes stay, and the returned slot must be among them.
+func TestReleaseSavesItsDomainWhenTheHandoffFails(t *testing.T) {
+	for _, tc := range bothServers() {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			c := tc.client(t)
+			s := sessionStore(t, c, "broken", 30*time.Second, nil, 1)
+			grantNow(t, s, "held")
+			queueNow(t, s, "w1", get(dom("a")))
+			key := "rb:{" + hex.EncodeToString([]byte("broken")) + "}:w:w1"
+			if err := c.Del(ctx, key).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.RPush(ctx, key, "not a waiter").Err(); err != nil {
+				t.Fatal(err)
+			}
+			err := s.Retire(ctx, "held", lease.All)
+			if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+				t.Fatalf("Retire over a broken waiter key = %v, want its WRONGTYPE", err)
+			}
+			if n := inFlightOf(t, s); n != 0 {
+				t.Fatalf("domain a after the failed handoff: %d in flight, want 0 (the release's own write)", n)
 			}
 		})
 	}
