@@ -64,6 +64,19 @@ func main() {
 	flag.StringVar(&cfg.workerProf, "workerprofile", "", "write a CPU profile of each budget-lane worker of P3 and P4 into `dir` (<host>.pprof)")
 	flag.Parse()
 	cfg.progress = os.Stderr
+	if cfg.workerProf != "" {
+		// The workers write there; an absolute path survives their own
+		// working directory, and a missing one is made or refused here.
+		dir, err := filepath.Abs(cfg.workerProf)
+		if err == nil {
+			err = os.MkdirAll(dir, 0o755)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench: -workerprofile:", err)
+			os.Exit(2)
+		}
+		cfg.workerProf = dir
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
