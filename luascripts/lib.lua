@@ -980,27 +980,6 @@ local function wconvert(key)
   return w
 end
 
--- What a handoff needs of a queued waiter to see that a ceiling blocks it
--- (its class, body flag and domains), kept past the call in a library,
--- by key prefix and id. A release that grants the head of a queue tries
--- the next one too, whom that grant has usually just blocked; reading and
--- unpacking its record only to learn so was about a twentieth of a
--- contended admission. None of these fields changes while a waiter
--- waits (an id names one request), and only records a handoff acts on
--- are noted (with a TTL and a session). An entry goes when its waiter
--- leaves; one left behind (the record expired, or the group moved to
--- another server and back) can only make a try say 'blocked' where the
--- record's absence says 'no', and both leave the waiter asleep, which is
--- all either means. The entry is the record's table (by the record's key),
--- of which only those fields are read. Bounded like LCACHE.
-local RQ, NRQ = {}, 0
-local RQ_MAX = 8192
-local function rq_note(key, w)
-  if not IN_LIBRARY or w.ttl == 0 or w.sn == '-' or RQ[key] then return end
-  if NRQ >= RQ_MAX then RQ, NRQ = {}, 0 end
-  RQ[key], NRQ = w, NRQ + 1
-end
-
 -- Waiter wid's record, or nil; read once per call.
 local function wload(wid)
   local w = WC[wid]
@@ -1015,16 +994,13 @@ local function wload(wid)
     w = v and wunpack(v)
   end
   WC[wid] = w or false
-  if w then rq_note(key, w) end
   return w
 end
 
 -- Writes waiter wid's record w and renews its key's TTL.
 local function wsave(wid, w)
-  local key = P .. 'w:' .. wid
-  redis.call('SET', key, wpack(w), 'PXAT', expiry_arg(IDLE))
+  redis.call('SET', P .. 'w:' .. wid, wpack(w), 'PXAT', expiry_arg(IDLE))
   WC[wid] = w
-  rq_note(key, w)
 end
 
 local function wake(wid)
@@ -1091,10 +1067,8 @@ local function remove_waiter(wid)
       if NEXT then NEXT[q] = nil end -- not read: the one after the new head
     end
   end
-  local key = P .. 'w:' .. wid
-  redis.call('DEL', key)
+  redis.call('DEL', P .. 'w:' .. wid)
   WC[wid] = false
-  RQ[key] = nil
   redis.call('ZREM', P .. 'wexp', wid)
 end
 
@@ -1373,27 +1347,6 @@ local function vouch(lim, now, quarantine_us)
   end
 end
 
--- Reports whether a ceiling surely blocks the request of rq (RQ), a queued
--- waiter now, judged from domains this call holds (DC) without its record,
--- and only where try_grant would change nothing on its way to 'blocked'
--- or 'no' (which done treats alike): this server wrote the counts, no
--- quarantine, and no domain whose bucket check would refill (a throttled
--- one's refill is kept) or cap. Else try_grant goes the long way.
-local function blocked(rq, lim, now)
-  if lim.rid ~= MYRID or now < lim.qu then return false end
-  local ci = rq.c + 1
-  local cap, full = lim.caps[ci], false
-  local encs = split_encs(rq.ds)
-  for k = 1, #encs do
-    local d = DC[encs[k]]
-    if not d or d.th == 1 or (lim.rps > 0 and not (d.bk == 1 and d.ta == now and d.tk <= lim.burst)) then
-      return false
-    end
-    if (cap > 0 and d.f[ci] >= cap) or (rq.b == 1 and lim.bodies > 0 and d.b >= lim.bodies) then full = true end
-  end
-  return full
-end
-
 -- try_grant admits queued waiter wid on its stored request if it heads all
 -- its queues and fits now, and tells it so. Returns 'granted', 'wait' (held
 -- back by the rate or a pause), 'blocked' (a ceiling), 'no' (not a head of
@@ -1401,8 +1354,6 @@ end
 -- or whose session is dead: just wake it, and its own call sorts it out).
 local function try_grant(wid, now)
   local lim = lims()
-  local rq = IN_LIBRARY and lim and RQ[P .. 'w:' .. wid]
-  if rq and blocked(rq, lim, now) then return 'blocked' end
   local w = wload(wid)
   if not w then return 'no' end
   if not lim or w.ttl == 0 or w.sn == '-' then return 'unknown' end

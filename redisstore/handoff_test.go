@@ -12,12 +12,11 @@ import (
 )
 
 // TestHandoffJudgesEachHeadByItsOwnRequest: a release grants the head of
-// the queue, then tries the waiter behind it, which the scripts judge from
-// a note of its request kept past the call (lib.lua, RQ) when the grant
-// has filled its class. The note must be that waiter's own: a waiter of a
-// class the grant did not fill is granted by the same release, one of the
-// full class waits, and is granted by the next release, on real Redis
-// (where the scripts run as a library and keep the notes) and miniredis.
+// the queue, then tries the waiter behind it on that waiter's own request:
+// one of the class the grant filled waits, and is granted by the next
+// release, and a waiter of a class without a ceiling behind it is granted
+// by that same release, which takes the head out of the queue with the
+// waiter it read after it (lib.lua, NEXT).
 func TestHandoffJudgesEachHeadByItsOwnRequest(t *testing.T) {
 	for _, tc := range bothServers() {
 		t.Run(tc.name, func(t *testing.T) {
