@@ -619,18 +619,18 @@ end
 -- Domain keys whose queue flag this server last saw set, kept past the
 -- call in a library: a retirement uses it to choose how to return its
 -- slots (dreturn_fast). Only a guess, which costs a command when wrong and
--- never changes a decision. Bounded like LCACHE.
+-- never changes a decision. Bounded like LCACHE. qh_note records a flag
+-- that differs from the note; whether it does (and whether this is a
+-- library) the callers check inline, which costs no call on every save.
 local QH, NQH = {}, 0
 local QH_MAX = 8192
 local function qh_note(key, queued)
-  if not IN_LIBRARY then return end
-  if queued then
-    if QH[key] then return end
-    if NQH >= QH_MAX then QH, NQH = {}, 0 end
-    QH[key], NQH = true, NQH + 1
-  elseif QH[key] then
+  if not queued then
     QH[key] = nil
+    return
   end
+  if NQH >= QH_MAX then QH, NQH = {}, 0 end
+  QH[key], NQH = true, NQH + 1
 end
 
 -- Loads a domain as numbers (absent: all 0, d.new set). d.s keeps what is
@@ -1404,8 +1404,9 @@ local function try_grant(wid, now)
   return 'granted'
 end
 
--- done hands free capacity to the candidates, in bounded work, and wakes
--- those that must hear of a change; every script returns through it.
+-- done hands free capacity to the candidates (hand_off), in bounded work,
+-- and wakes those that must hear of a change; every script returns
+-- through it.
 local HANDOFF = 32
 local function hand_off(now)
   local i, granted = 1, 0

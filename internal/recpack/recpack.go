@@ -180,23 +180,21 @@ func DecodeWaiter(v string) (Waiter, error) {
 	return w, nil
 }
 
+// bit is a flag as the text forms write it.
+func bit(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // Text returns w in the text form.
 func (w Waiter) Text() string {
-	b := 0
-	if w.Body {
-		b = 1
-	}
-	return fmt.Sprintf("%d %d %d %d %d %s %s %s %s", w.Ticket, w.Class, b, w.Arrived, w.TTL,
+	return fmt.Sprintf("%d %d %d %d %d %s %s %s %s", w.Ticket, w.Class, bit(w.Body), w.Arrived, w.TTL,
 		w.Channel, w.Session, w.Domains, w.Consumer)
 }
 
 // Text returns l in the text form.
 func (l Lease) Text() string {
-	bit := func(b bool) int {
-		if b {
-			return 1
-		}
-		return 0
-	}
 	return fmt.Sprintf("%d%d %d %d %s %s %s", bit(l.Request), bit(l.Body), l.Class, l.Granted, l.Session, l.Domains, l.Consumer)
 }
