@@ -5,7 +5,7 @@
 // be judged by one run on each side even on a busy machine. It is a
 // measuring tool for the scripts' authors, not part of `go run ./bench`.
 //
-//	go run ./bench/callgrind [-n 2000] [-domains 1] [-ahead 8]
+//	go run ./bench/callgrind [-n 2000] [-domains 1] [-ahead 8] [-probes] [-ablate int,sunpack,...]
 //
 // Fixed sequential workloads, each after a warm-up, with the counters
 // zeroed before and dumped after:
@@ -21,6 +21,9 @@
 //   - noop: a script that returns 1, sent by EVALSHA (the P3 floor).
 //
 // Calls go one at a time through redisstore's Store, so none is batched.
+// -probes counts pieces of the prelude and of a queueing acquire run alone;
+// -ablate counts what named helpers of lib.lua cost the contended and
+// uncontended workloads, all their calls together (ablate.go).
 package main
 
 import (
@@ -57,14 +60,26 @@ func main() {
 	keep := flag.Bool("keep", false, "keep the callgrind output files (their paths are printed)")
 	probes := flag.Bool("probes", false, "also count pieces of the scripts' prelude, run alone")
 	flag.BoolVar(&verbose, "v", false, "print the commands each workload ran per operation (commandstats)")
+	abl := flag.String("ablate", "", "comma-separated helpers of lib.lua (top-level local functions) whose cost to the contended and uncontended workloads to count, each by calling it twice (see ablate.go)")
 	flag.Parse()
-	if err := run(*n, *domains, *ahead, *keep, *probes); err != nil {
+	var helpers []string
+	if *abl != "" {
+		helpers = strings.Split(*abl, ",")
+		_, src, _ := luascripts.Library()
+		for _, f := range helpers {
+			if _, err := ablated(src, f, 1); err != nil {
+				fmt.Fprintln(os.Stderr, "callgrind: -ablate:", err)
+				os.Exit(2)
+			}
+		}
+	}
+	if err := run(*n, *domains, *ahead, *keep, *probes, helpers); err != nil {
 		fmt.Fprintln(os.Stderr, "callgrind:", err)
 		os.Exit(1)
 	}
 }
 
-func run(n, domains, ahead int, keep, probes bool) error {
+func run(n, domains, ahead int, keep, probes bool, helpers []string) error {
 	for _, tool := range []string{"valgrind", "callgrind_control", "redis-server"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return fmt.Errorf("%s is needed: %w", tool, err)
@@ -213,6 +228,12 @@ func run(n, domains, ahead int, keep, probes bool) error {
 	if probes {
 		if err := probe(ctx, c, counted); err != nil {
 			return fmt.Errorf("probes: %w", err)
+		}
+	}
+	if len(helpers) > 0 {
+		ws := []workload{{"contended", l.admission}, {"uncontended", uncontended}}
+		if err := ablate(ctx, c, helpers, ws, counted); err != nil {
+			return fmt.Errorf("ablation: %w", err)
 		}
 	}
 	// P3r's and P1c's peer: a redis_rate Allow (GCRA), over 100 keys.
