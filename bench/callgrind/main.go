@@ -22,7 +22,7 @@
 //
 // Calls go one at a time through redisstore's Store, so none is batched.
 // -probes counts pieces of the prelude and of a queueing acquire run alone;
-// -ablate counts what named helpers of lib.lua cost the contended and
+// -sketch a contended admission of a leaner layout (sketch.go); -ablate counts what named helpers of lib.lua cost the contended and
 // uncontended workloads, all their calls together (ablate.go).
 package main
 
@@ -60,6 +60,7 @@ func main() {
 	keep := flag.Bool("keep", false, "keep the callgrind output files (their paths are printed)")
 	probes := flag.Bool("probes", false, "also count pieces of the scripts' prelude, run alone")
 	flag.BoolVar(&verbose, "v", false, "print the commands each workload ran per operation (commandstats)")
+	sk := flag.Bool("sketch", false, "also count a contended admission of a sketched leaner layout (sketch.go)")
 	abl := flag.String("ablate", "", "comma-separated helpers of lib.lua (top-level local functions) whose cost to the contended and uncontended workloads to count, each by calling it twice (see ablate.go)")
 	flag.Parse()
 	var helpers []string
@@ -73,13 +74,13 @@ func main() {
 			}
 		}
 	}
-	if err := run(*n, *domains, *ahead, *keep, *probes, helpers); err != nil {
+	if err := run(*n, *domains, *ahead, *keep, *probes, *sk, helpers); err != nil {
 		fmt.Fprintln(os.Stderr, "callgrind:", err)
 		os.Exit(1)
 	}
 }
 
-func run(n, domains, ahead int, keep, probes bool, helpers []string) error {
+func run(n, domains, ahead int, keep, probes, sk bool, helpers []string) error {
 	for _, tool := range []string{"valgrind", "callgrind_control", "redis-server"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return fmt.Errorf("%s is needed: %w", tool, err)
@@ -230,6 +231,12 @@ func run(n, domains, ahead int, keep, probes bool, helpers []string) error {
 			return fmt.Errorf("probes: %w", err)
 		}
 	}
+	var isk float64
+	if sk {
+		if isk, err = sketch(ctx, c, ahead, counted); err != nil {
+			return fmt.Errorf("sketch: %w", err)
+		}
+	}
 	if len(helpers) > 0 {
 		ws := []workload{{"contended", l.admission}, {"uncontended", uncontended}}
 		if err := ablate(ctx, c, helpers, ws, counted); err != nil {
@@ -263,6 +270,9 @@ func run(n, domains, ahead int, keep, probes bool, helpers []string) error {
 	fmt.Printf("  redis_rate Allow: %.0f (%.2fx no-op); a contended admission is %.2f of them, an uncontended one %.2f\n",
 		ir, ir/in, ic/ir, iu/ir)
 	fmt.Printf("  no-op EVALSHA: %.0f\n", in)
+	if sk {
+		printSketch(isk, ic, ir)
+	}
 	return nil
 }
 

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+)
+
+// A sketch of another layout, counted beside the real scripts (-sketch):
+// what a contended admission would cost Redis if a group kept its counts
+// and queue position in one packed string (st) and its queue as one string
+// of fixed-width entries (ql: the waiter's liveness deadline, id, channel
+// and session), appended at a join and read by offset at a handoff, with
+// leases in one hash. A join is TIME, GET, APPEND and SET; a handoff TIME,
+// GET, HDEL, GETRANGE, HSET, PUBLISH and SET. It leaves out what the real
+// scripts also do: argument checks, the group clock, limits from the
+// config, session deadlines and sets, reclaim, key TTLs, waiter renewals,
+// multi-domain requests, rate. It is a yardstick for a redesign, not a
+// budget: it answers how much of today's cost is the layout's and how much
+// is the bookkeeping around it.
+const sketchLib = `#!lua name=rbsketch
+local W = 127 -- bytes per queue entry (EFMT's size)
+local EFMT = '>i8Bc36Bc40Bc40'
+local function pad(s, n) return s .. string.rep(' ', n - #s) end
+redis.register_function('sketch_join', function(KEYS, ARGV)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local p = string.sub(KEYS[1], 1, -4)
+  local n, seq, off = struct.unpack('>i8i8i8', redis.call('GET', p .. 'st'))
+  local wid, ch, sid = ARGV[4], ARGV[5], ARGV[6]
+  local ttl = tonumber(ARGV[10]) * 1000
+  redis.call('APPEND', p .. 'ql', struct.pack(EFMT, now + ttl, #wid, pad(wid, 36), #ch, pad(ch, 40), #sid, pad(sid, 40)))
+  redis.call('SET', p .. 'st', struct.pack('>i8i8i8', n, seq + 1, off))
+  return {'2'}
+end)
+redis.register_function('sketch_handoff', function(KEYS, ARGV)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local p = string.sub(KEYS[1], 1, -4)
+  local n, seq, off = struct.unpack('>i8i8i8', redis.call('GET', p .. 'st'))
+  if redis.call('HDEL', p .. 'lx', ARGV[4]) == 1 then n = n - 1 end
+  local e = redis.call('GETRANGE', p .. 'ql', off, off + W - 1)
+  if #e == W then
+    local dl, lw, wid, lc, ch, ls, sid = struct.unpack(EFMT, e)
+    wid, ch, sid = string.sub(wid, 1, lw), string.sub(ch, 1, lc), string.sub(sid, 1, ls)
+    off = off + W
+    if dl > now then
+      redis.call('HSET', p .. 'lx', wid, struct.pack('>i8c0', now, sid))
+      n = n + 1
+      redis.call('PUBLISH', p .. 'wake:' .. ch, 'granted ' .. wid .. ' ' .. sid .. ' 0')
+    end
+    if off >= 64 * W then -- compaction, amortized over 64 handoffs
+      redis.call('SET', p .. 'ql', redis.call('GETRANGE', p .. 'ql', off, -1))
+      off = 0
+    end
+  end
+  redis.call('SET', p .. 'st', struct.pack('>i8i8i8', n, seq, off))
+  return {'1'}
+end)
+`
+
+// sketch counts a contended admission of the sketched layout: a join of a
+// new waiter behind ahead others, and a handoff that retires the lease
+// granted by the previous one and grants the head.
+func sketch(ctx context.Context, c *redis.Client, ahead int, counted func(string, int, func() error) (float64, error)) (float64, error) {
+	if err := c.FunctionLoadReplace(ctx, sketchLib).Err(); err != nil {
+		return 0, err
+	}
+	cfg := "rb:{" + hex.EncodeToString([]byte("cg-sketch")) + "}:cfg"
+	p := cfg[:len(cfg)-3]
+	st := make([]byte, 24) // one slot in use, as the line's holder
+	st[7] = 1
+	if err := c.Set(ctx, p+"st", st, 0).Err(); err != nil {
+		return 0, err
+	}
+	holder := uuid.NewString()
+	if err := c.HSet(ctx, p+"lx", holder, "x").Err(); err != nil {
+		return 0, err
+	}
+	var line []string
+	common := []any{"PUBLISH", strconv.Itoa(20 * 3600 * 1000), ""}
+	join := func() error {
+		id := uuid.NewString()
+		line = append(line, id)
+		args := append(common[:3:3], id, "0123456789abcdef-chan", "0123456789abcdef-0123-sess", "0", "0", "callgrind",
+			strconv.Itoa(3600*1000), "1", "1.6430")
+		return c.FCall(ctx, "sketch_join", []string{cfg}, args...).Err()
+	}
+	for range ahead {
+		if err := join(); err != nil {
+			return 0, err
+		}
+	}
+	return counted("sketch", 200, func() error {
+		if err := join(); err != nil {
+			return err
+		}
+		args := append(common[:3:3], holder, "1", "0123456789abcdef-chan")
+		if err := c.FCall(ctx, "sketch_handoff", []string{cfg}, args...).Err(); err != nil {
+			return err
+		}
+		holder, line = line[0], line[1:]
+		return nil
+	})
+}
+
+func printSketch(v, admission, gcra float64) {
+	fmt.Printf("  sketch (one packed state, one queue string; no bookkeeping): a contended admission %.0f (%.2f redis_rate Allows, %.0f%% of today's)\n",
+		v, v/gcra, 100*v/admission)
+}
