@@ -17,7 +17,9 @@ import (
 // difference between the two is one more run of every call the workload
 // makes to it, which is what the helper costs; the wrapper's own cost is
 // in both and drops out. Doubling a call is harmless for the helpers worth
-// asking about (they compute, or read and write the same thing again).
+// asking about (they compute, or read and write the same thing again); a
+// recursive helper cannot be asked about (its inner calls would miss the
+// wrapper).
 // Counts vary by about 1% between loads (waiter ids are random, and with
 // them hashing and interning), so a difference below that says nothing.
 
@@ -60,6 +62,8 @@ func ablated(src, f string, calls int) (string, error) {
 func ablate(ctx context.Context, c *redis.Client, helpers []string, workloads []workload,
 	counted func(string, int, func() error) (float64, error)) error {
 	_, src, _ := luascripts.Library()
+	// Loaded back for whatever is counted after (today nothing calls the
+	// library then); the server is this run's own and goes with it.
 	defer c.FunctionLoadReplace(context.WithoutCancel(ctx), src)
 	fmt.Println("ablation (instructions per operation a second call of every call of the helper adds):")
 	for _, f := range helpers {

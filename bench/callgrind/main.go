@@ -5,7 +5,7 @@
 // be judged by one run on each side even on a busy machine. It is a
 // measuring tool for the scripts' authors, not part of `go run ./bench`.
 //
-//	go run ./bench/callgrind [-n 2000] [-domains 1] [-ahead 8] [-probes] [-ablate int,sunpack,...]
+//	go run ./bench/callgrind [-n 2000] [-domains 1] [-ahead 8] [-probes] [-sketch] [-ablate int,sunpack,...]
 //
 // Fixed sequential workloads, each after a warm-up, with the counters
 // zeroed before and dumped after:
@@ -21,8 +21,9 @@
 //   - noop: a script that returns 1, sent by EVALSHA (the P3 floor).
 //
 // Calls go one at a time through redisstore's Store, so none is batched.
-// -probes counts pieces of the prelude and of a queueing acquire run alone;
-// -sketch a contended admission of a leaner layout (sketch.go); -ablate counts what named helpers of lib.lua cost the contended and
+// -probes counts pieces of the prelude and of a queueing acquire run
+// alone; -sketch, a contended admission of a leaner layout (sketch.go);
+// -ablate, what named helpers of lib.lua cost the contended and
 // uncontended workloads, all their calls together (ablate.go).
 package main
 
