@@ -232,9 +232,12 @@ func run(n, domains, ahead int, keep, probes, sk bool, helpers []string) error {
 			return fmt.Errorf("probes: %w", err)
 		}
 	}
-	var isk float64
+	var isk, iskb float64
 	if sk {
-		if isk, err = sketch(ctx, c, ahead, counted); err != nil {
+		if isk, err = sketch(ctx, c, ahead, false, counted); err != nil {
+			return fmt.Errorf("sketch: %w", err)
+		}
+		if iskb, err = sketch(ctx, c, ahead, true, counted); err != nil {
 			return fmt.Errorf("sketch: %w", err)
 		}
 	}
@@ -272,7 +275,7 @@ func run(n, domains, ahead int, keep, probes, sk bool, helpers []string) error {
 		ir, ir/in, ic/ir, iu/ir)
 	fmt.Printf("  no-op EVALSHA: %.0f\n", in)
 	if sk {
-		printSketch(isk, ic, ir)
+		printSketch(isk, iskb, ic, ir)
 	}
 	return nil
 }

@@ -26,10 +26,20 @@ const sketchLib = `#!lua name=rbsketch
 local W = 127 -- bytes per queue entry (EFMT's size)
 local EFMT = '>i8Bc36Bc40Bc40'
 local function pad(s, n) return s .. string.rep(' ', n - #s) end
+-- With ARGV[3] = 'b', each call also reads the limits and the group clock
+-- as today's scripts do (HMGET of the config's json and pc, pc unpacked),
+-- and a handoff looks at the waiter's session deadline (ZSCORE): the least
+-- bookkeeping a real version would add.
+local function books(KEYS, ARGV)
+  if ARGV[3] ~= 'b' then return end
+  local v = redis.call('HMGET', KEYS[1], 'json', 'pc')
+  if v[2] then struct.unpack('>i8i8i8i8i8i8i8', v[2]) end
+end
 redis.register_function('sketch_join', function(KEYS, ARGV)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local p = string.sub(KEYS[1], 1, -4)
+  books(KEYS, ARGV)
   local n, seq, off = struct.unpack('>i8i8i8', redis.call('GET', p .. 'st'))
   local wid, ch, sid = ARGV[4], ARGV[5], ARGV[6]
   local ttl = tonumber(ARGV[10]) * 1000
@@ -41,6 +51,7 @@ redis.register_function('sketch_handoff', function(KEYS, ARGV)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local p = string.sub(KEYS[1], 1, -4)
+  books(KEYS, ARGV)
   local n, seq, off = struct.unpack('>i8i8i8', redis.call('GET', p .. 'st'))
   if redis.call('HDEL', p .. 'lx', ARGV[4]) == 1 then n = n - 1 end
   local e = redis.call('GETRANGE', p .. 'ql', off, off + W - 1)
@@ -48,6 +59,7 @@ redis.register_function('sketch_handoff', function(KEYS, ARGV)
     local dl, lw, wid, lc, ch, ls, sid = struct.unpack(EFMT, e)
     wid, ch, sid = string.sub(wid, 1, lw), string.sub(ch, 1, lc), string.sub(sid, 1, ls)
     off = off + W
+    if ARGV[3] == 'b' and (tonumber(redis.call('ZSCORE', p .. 'sexp', sid)) or 0) <= now then dl = 0 end
     if dl > now then
       redis.call('HSET', p .. 'lx', wid, struct.pack('>i8c0', now, sid))
       n = n + 1
@@ -65,28 +77,42 @@ end)
 
 // sketch counts a contended admission of the sketched layout: a join of a
 // new waiter behind ahead others, and a handoff that retires the lease
-// granted by the previous one and grants the head.
-func sketch(ctx context.Context, c *redis.Client, ahead int, counted func(string, int, func() error) (float64, error)) (float64, error) {
+// granted by the previous one and grants the head; with books, the least
+// bookkeeping besides (sketchLib).
+func sketch(ctx context.Context, c *redis.Client, ahead int, books bool, counted func(string, int, func() error) (float64, error)) (float64, error) {
 	if err := c.FunctionLoadReplace(ctx, sketchLib).Err(); err != nil {
 		return 0, err
 	}
-	cfg := "rb:{" + hex.EncodeToString([]byte("cg-sketch")) + "}:cfg"
+	name, clock := "cg-sketch", ""
+	if books {
+		name, clock = "cg-sketch-books", "b"
+	}
+	cfg := "rb:{" + hex.EncodeToString([]byte(name)) + "}:cfg"
 	p := cfg[:len(cfg)-3]
 	st := make([]byte, 24) // one slot in use, as the line's holder
 	st[7] = 1
 	if err := c.Set(ctx, p+"st", st, 0).Err(); err != nil {
 		return 0, err
 	}
+	if books {
+		lim := `{"InFlight":{"get":1}}`
+		if err := c.HSet(ctx, cfg, "json", lim, "pc", string(make([]byte, 56))).Err(); err != nil {
+			return 0, err
+		}
+		if err := c.ZAdd(ctx, p+"sexp", redis.Z{Score: 4e15, Member: sketchSession}).Err(); err != nil {
+			return 0, err
+		}
+	}
 	holder := uuid.NewString()
 	if err := c.HSet(ctx, p+"lx", holder, "x").Err(); err != nil {
 		return 0, err
 	}
 	var line []string
-	common := []any{"PUBLISH", strconv.Itoa(20 * 3600 * 1000), ""}
+	common := []any{"PUBLISH", strconv.Itoa(20 * 3600 * 1000), clock}
 	join := func() error {
 		id := uuid.NewString()
 		line = append(line, id)
-		args := append(common[:3:3], id, "0123456789abcdef-chan", "0123456789abcdef-0123-sess", "0", "0", "callgrind",
+		args := append(common[:3:3], id, "0123456789abcdef-chan", sketchSession, "0", "0", "callgrind",
 			strconv.Itoa(3600*1000), "1", "1.6430")
 		return c.FCall(ctx, "sketch_join", []string{cfg}, args...).Err()
 	}
@@ -95,7 +121,7 @@ func sketch(ctx context.Context, c *redis.Client, ahead int, counted func(string
 			return 0, err
 		}
 	}
-	return counted("sketch", 200, func() error {
+	return counted(name, 200, func() error {
 		if err := join(); err != nil {
 			return err
 		}
@@ -108,7 +134,11 @@ func sketch(ctx context.Context, c *redis.Client, ahead int, counted func(string
 	})
 }
 
-func printSketch(v, admission, gcra float64) {
-	fmt.Printf("  sketch (one packed state, one queue string; no bookkeeping): a contended admission %.0f (%.2f redis_rate Allows, %.0f%% of today's)\n",
-		v, v/gcra, 100*v/admission)
+const sketchSession = "0123456789abcdef-0123-sess"
+
+func printSketch(lean, books, admission, gcra float64) {
+	fmt.Printf("  sketch (one packed state, one queue string): a contended admission %.0f (%.2f redis_rate Allows, %.0f%% of today's);\n",
+		lean, lean/gcra, 100*lean/admission)
+	fmt.Printf("    with the limits, the group clock and the waiter's session read: %.0f (%.2f Allows, %.0f%%)\n",
+		books, books/gcra, 100*books/admission)
 }
