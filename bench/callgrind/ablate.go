@@ -67,7 +67,7 @@ func ablate(ctx context.Context, c *redis.Client, helpers []string, workloads []
 	defer c.FunctionLoadReplace(context.WithoutCancel(ctx), src)
 	fmt.Println("ablation (instructions per operation a second call of every call of the helper adds):")
 	for _, f := range helpers {
-		var once, twice []float64
+		var got [3][]float64 // by calls: counts per workload
 		for _, calls := range []int{1, 2} {
 			patched, err := ablated(src, f, calls)
 			if err != nil {
@@ -82,16 +82,13 @@ func ablate(ctx context.Context, c *redis.Client, helpers []string, workloads []
 				if err != nil {
 					return fmt.Errorf("%s, %s: %w", f, w.name, err)
 				}
-				if calls == 1 {
-					once = append(once, v)
-				} else {
-					twice = append(twice, v)
-				}
+				got[calls] = append(got[calls], v)
 			}
 		}
 		fmt.Printf("  %-14s", f)
 		for k, w := range workloads {
-			fmt.Printf("  %s %+8.0f (%+.1f%%)", w.name, twice[k]-once[k], 100*(twice[k]-once[k])/once[k])
+			once, added := got[1][k], got[2][k]-got[1][k]
+			fmt.Printf("  %s %+8.0f (%+.1f%%)", w.name, added, 100*added/once)
 		}
 		fmt.Println()
 	}

@@ -37,12 +37,17 @@ local function books(KEYS, ARGV)
   local v = redis.call('HMGET', KEYS[1], 'json', 'pc')
   if v[2] then struct.unpack('>i8i8i8i8i8i8i8', v[2]) end
 end
-redis.register_function('sketch_join', function(KEYS, ARGV)
+-- What both calls start with: the time, the key prefix, and the state
+-- (slots in use, arrivals, the queue's head offset).
+local function open(KEYS, ARGV)
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local p = string.sub(KEYS[1], 1, -4)
   books(KEYS, ARGV)
   local n, seq, off = struct.unpack('>i8i8i8', redis.call('GET', p .. 'st'))
+  return tonumber(t[1]) * 1000000 + tonumber(t[2]), p, n, seq, off
+end
+redis.register_function('sketch_join', function(KEYS, ARGV)
+  local now, p, n, seq, off = open(KEYS, ARGV)
   local wid, ch, sid = ARGV[4], ARGV[5], ARGV[6]
   local ttl = tonumber(ARGV[10]) * 1000
   redis.call('APPEND', p .. 'ql', struct.pack(EFMT, now + ttl, #wid, pad(wid, 36), #ch, pad(ch, 40), #sid, pad(sid, 40)))
@@ -50,11 +55,7 @@ redis.register_function('sketch_join', function(KEYS, ARGV)
   return {'2'}
 end)
 redis.register_function('sketch_handoff', function(KEYS, ARGV)
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local p = string.sub(KEYS[1], 1, -4)
-  books(KEYS, ARGV)
-  local n, seq, off = struct.unpack('>i8i8i8', redis.call('GET', p .. 'st'))
+  local now, p, n, seq, off = open(KEYS, ARGV)
   if redis.call('HDEL', p .. 'lx', ARGV[4]) == 1 then n = n - 1 end
   local e = redis.call('GETRANGE', p .. 'ql', off, off + W - 1)
   if #e == W then
