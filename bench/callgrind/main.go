@@ -5,7 +5,7 @@
 // be judged by one run on each side even on a busy machine. It is a
 // measuring tool for the scripts' authors, not part of `go run ./bench`.
 //
-//	go run ./bench/callgrind [-n 2000] [-domains 1] [-ahead 8] [-probes] [-sketch] [-ablate int,sunpack,...]
+//	go run ./bench/callgrind [-n 2000] [-domains 1] [-ahead 8] [-probes] [-sketch] [-census] [-ablate int,sunpack,...]
 //
 // Fixed sequential workloads, each after a warm-up, with the counters
 // zeroed before and dumped after:
@@ -24,7 +24,9 @@
 // -probes counts pieces of the prelude and of a queueing acquire run
 // alone; -sketch, a contended admission of a leaner layout (sketch.go);
 // -ablate, what named helpers of lib.lua cost the contended and
-// uncontended workloads, all their calls together (ablate.go).
+// uncontended workloads, all their calls together (ablate.go); -census,
+// how many C calls (redis.call, struct.unpack, tonumber, ...) each
+// workload's scripts make, by name (census.go).
 package main
 
 import (
@@ -62,6 +64,7 @@ func main() {
 	probes := flag.Bool("probes", false, "also count pieces of the scripts' prelude, run alone")
 	flag.BoolVar(&verbose, "v", false, "print the commands each workload ran per operation (commandstats)")
 	sk := flag.Bool("sketch", false, "also count a contended admission of a sketched leaner layout (sketch.go)")
+	cen := flag.Bool("census", false, "also count the C calls (redis.call, struct.pack, tonumber, ...) the scripts make per operation of each workload, by name (see census.go)")
 	abl := flag.String("ablate", "", "comma-separated helpers of lib.lua (top-level local functions) whose cost to the contended and uncontended workloads to count, each by calling it twice (see ablate.go)")
 	flag.Parse()
 	var helpers []string
@@ -75,13 +78,13 @@ func main() {
 			}
 		}
 	}
-	if err := run(*n, *domains, *ahead, *keep, *probes, *sk, helpers); err != nil {
+	if err := run(*n, *domains, *ahead, *keep, *probes, *sk, *cen, helpers); err != nil {
 		fmt.Fprintln(os.Stderr, "callgrind:", err)
 		os.Exit(1)
 	}
 }
 
-func run(n, domains, ahead int, keep, probes, sk bool, helpers []string) error {
+func run(n, domains, ahead int, keep, probes, sk, cen bool, helpers []string) error {
 	for _, tool := range []string{"valgrind", "callgrind_control", "redis-server"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return fmt.Errorf("%s is needed: %w", tool, err)
@@ -245,6 +248,13 @@ func run(n, domains, ahead int, keep, probes, sk bool, helpers []string) error {
 		ws := []workload{{"contended", l.admission}, {"uncontended", uncontended}}
 		if err := ablate(ctx, c, helpers, ws, counted); err != nil {
 			return fmt.Errorf("ablation: %w", err)
+		}
+	}
+	if cen {
+		ws := []workload{{"contended", l.admission}, {"queue", l.queue}, {"handoff", l.handoff}, {"uncontended", uncontended},
+			{"prelude", func() error { return ps.Retire(ctx, "nobody", lease.All) }}}
+		if err := census(ctx, c, n, ws); err != nil {
+			return fmt.Errorf("census: %w", err)
 		}
 	}
 	// P3r's and P1c's peer: a redis_rate Allow (GCRA), over 100 keys.
