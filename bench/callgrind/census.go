@@ -77,22 +77,45 @@ func censusSource(src string) (string, error) {
 		}
 	}
 	b.WriteString(rest)
-	// Returned as name, count pairs; the reply is built from a copy, so
-	// that building it counts nothing that is returned.
+	// Returned as name, count pairs, from the table it detaches first, so
+	// that building the reply counts nothing that is returned.
 	b.WriteString("\nredis.register_function('rb_census', function(KEYS, ARGV)\n" +
 		"  local got = CENSUS\n" +
 		"  CENSUS = {}\n" +
 		"  local out = {}\n" +
 		"  for k, v in next, got do out[#out + 1] = k; out[#out + 1] = v end\n" +
-		"  CENSUS = {}\n" +
 		"  return out\n" +
 		"end)\n")
 	return b.String(), nil
 }
 
+// censusCount is one C function's calls per operation.
+type censusCount struct {
+	name string
+	per  float64
+}
+
 // census runs each workload n times on the counting library and prints its
 // C calls per operation, most first, then loads the library as it was.
 func census(ctx context.Context, c *redis.Client, n int, workloads []workload) error {
+	fmt.Printf("C calls of the scripts per operation (%d operations each):\n", n)
+	return censusCounts(ctx, c, n, workloads, func(w string, cs []censusCount) {
+		total := 0.0
+		for _, k := range cs {
+			total += k.per
+		}
+		fmt.Printf("  %s: %.1f in all:", w, total)
+		for _, k := range cs {
+			fmt.Printf(" %s %.2f", k.name, k.per)
+		}
+		fmt.Println()
+	})
+}
+
+// censusCounts runs each workload n times on the counting library, after a
+// warm-up, and hands report its counts, most first; it loads the library
+// as it was at the end.
+func censusCounts(ctx context.Context, c *redis.Client, n int, workloads []workload, report func(string, []censusCount)) error {
 	_, src, _ := luascripts.Library()
 	counting, err := censusSource(src)
 	if err != nil {
@@ -102,7 +125,6 @@ func census(ctx context.Context, c *redis.Client, n int, workloads []workload) e
 	if err := c.FunctionLoadReplace(ctx, counting).Err(); err != nil {
 		return fmt.Errorf("loading the counting library: %w", err)
 	}
-	fmt.Printf("C calls of the scripts per operation (%d operations each):\n", n)
 	for _, w := range workloads {
 		// Warm-up: the library's caches start empty after a load.
 		for range 200 {
@@ -122,20 +144,13 @@ func census(ctx context.Context, c *redis.Client, n int, workloads []workload) e
 		if err != nil {
 			return err
 		}
-		type count struct {
-			name string
-			per  float64
-		}
-		var cs []count
-		total := 0.0
+		var cs []censusCount
 		for i := 0; i+1 < len(v); i += 2 {
 			name, _ := v[i].(string)
 			k, _ := v[i+1].(int64)
-			per := float64(k) / float64(n)
-			cs = append(cs, count{name, per})
-			total += per
+			cs = append(cs, censusCount{name, float64(k) / float64(n)})
 		}
-		slices.SortFunc(cs, func(a, b count) int {
+		slices.SortFunc(cs, func(a, b censusCount) int {
 			if a.per != b.per {
 				if a.per > b.per {
 					return -1
@@ -144,11 +159,7 @@ func census(ctx context.Context, c *redis.Client, n int, workloads []workload) e
 			}
 			return strings.Compare(a.name, b.name)
 		})
-		fmt.Printf("  %s: %.1f in all:", w.name, total)
-		for _, k := range cs {
-			fmt.Printf(" %s %.2f", k.name, k.per)
-		}
-		fmt.Println()
+		report(w.name, cs)
 	}
 	return nil
 }

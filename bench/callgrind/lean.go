@@ -142,10 +142,10 @@ redis.register_function('lean_handoff', function(KEYS, ARGV)
 end)
 `
 
-// lean counts a contended admission of leanLib: the same setting as the
+// leanAdmission counts a contended admission of leanLib: the same setting as the
 // store's contended workload (one slot held, ahead waiters behind it), on
 // keys of its own that it writes as today's scripts would have.
-func lean(ctx context.Context, c *redis.Client, ahead int, counted func(string, int, func() error) (float64, error)) (float64, error) {
+func leanAdmission(ctx context.Context, c *redis.Client, ahead int, counted func(string, int, func() error) (float64, error)) (float64, error) {
 	if err := c.FunctionLoadReplace(ctx, leanLib).Err(); err != nil {
 		return 0, err
 	}

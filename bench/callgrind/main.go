@@ -244,7 +244,7 @@ func run(n, domains, ahead int, keep, probes, sk, cen bool, helpers []string) er
 		if iskb, err = sketch(ctx, c, ahead, true, counted); err != nil {
 			return fmt.Errorf("sketch: %w", err)
 		}
-		if ilean, err = lean(ctx, c, ahead, counted); err != nil {
+		if ilean, err = leanAdmission(ctx, c, ahead, counted); err != nil {
 			return fmt.Errorf("sketch: today's commands, lean Lua: %w", err)
 		}
 	}
@@ -600,19 +600,7 @@ func acquireCuts(src string) ([]cut, error) {
 // level: a script's inner commands are counted too, by name), the INFO
 // itself left out.
 func callsPer(before, after string, n int) string {
-	parse := func(s string) map[string]int64 {
-		m := map[string]int64{}
-		for _, line := range strings.Split(s, "\n") {
-			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
-			if !ok {
-				continue
-			}
-			v, _, _ := strings.Cut(rest, ",")
-			m[strings.TrimPrefix(name, "cmdstat_")], _ = strconv.ParseInt(v, 10, 64)
-		}
-		return m
-	}
-	b, a := parse(before), parse(after)
+	b, a := commandCounts(before), commandCounts(after)
 	var parts []string
 	for name, v := range a {
 		if d := v - b[name]; d > 0 && name != "info" {
@@ -621,4 +609,18 @@ func callsPer(before, after string, n int) string {
 	}
 	slices.Sort(parts)
 	return strings.Join(parts, ", ")
+}
+
+// commandCounts reads the calls of each command from INFO commandstats.
+func commandCounts(s string) map[string]int64 {
+	m := map[string]int64{}
+	for _, line := range strings.Split(s, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok {
+			continue
+		}
+		v, _, _ := strings.Cut(rest, ",")
+		m[strings.TrimPrefix(name, "cmdstat_")], _ = strconv.ParseInt(v, 10, 64)
+	}
+	return m
 }
