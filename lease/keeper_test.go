@@ -300,6 +300,40 @@ func TestKeeperLostWhileABeatHangs(t *testing.T) {
 	})
 }
 
+// TestKeeperEarlierDeadlineTrackedLater: Track wakes the watcher only for
+// a deadline earlier than the one it waits for (a wake per lease scanned
+// every lease held). A lease whose call was sent before the other's, and
+// tracked after it, must still be given up at its own deadline, not at
+// the later one the watcher was waiting for, nor at the next beat's
+// rescan. (Its call was sent 2s before: its deadline, 0.75s on, comes
+// before the first beat, at 1s.)
+func TestKeeperEarlierDeadlineTrackedLater(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &fakeStore{failBeat: true}
+		k := keeper(t, s)
+		late := lease.New("late", lease.All, s)
+		k.Track(late, time.Now())
+		synctest.Wait() // the watcher waits for late's deadline
+		early := lease.New("early", lease.All, s)
+		k.Track(early, time.Now().Add(-2*time.Second))
+		advance(k.LostAfter() - 2*time.Second - time.Nanosecond)
+		if isClosed(early.Lost()) {
+			t.Fatal("the lease sent 2s earlier is lost before its deadline")
+		}
+		advance(time.Nanosecond)
+		if !isClosed(early.Lost()) {
+			t.Fatal("the lease sent 2s earlier is not lost at its own deadline")
+		}
+		if isClosed(late.Lost()) {
+			t.Fatal("the later lease is lost before its deadline")
+		}
+		advance(2 * time.Second)
+		if !isClosed(late.Lost()) {
+			t.Fatal("the later lease is not lost at its deadline")
+		}
+	})
+}
+
 // TestKeeperLostAfter: the keeper gives a lease up a tenth of the TTL
 // before the store's expiry, at most 250ms before it.
 func TestKeeperLostAfter(t *testing.T) {
