@@ -58,7 +58,7 @@ type Keeper struct {
 	stopped bool      // set by Stop under mu: Track after it marks the lease lost
 	armed   time.Time // the deadline watch's timer is set for, zero for none
 
-	track    chan struct{} // a lease was tracked or renewed: arm the expiry timer
+	track    chan struct{} // a deadline earlier than armed, or renewals ran: arm the expiry timer again
 	stop     chan struct{}
 	done     chan struct{}
 	stopOnce sync.Once
