@@ -200,7 +200,7 @@ func p5(ctx context.Context, e *env) error {
 		// the small one beats at its own phase, and on a loaded machine a
 		// beat near a window's edge slips into the next one.
 		windows := 0
-		for windows < e.sz.hbWindows || windows < e.sz.hbWindows+3 && (len(calls) == 0 || len(pops) > 1 && len(few) == 0) {
+		for windows < e.sz.hbWindows || windows < e.sz.hbWindows+3 && (len(calls) == 0 || len(few) == 0) {
 			windows++
 			next = next.Add(interval)
 			time.Sleep(time.Until(next))

@@ -19,8 +19,9 @@ import (
 // read and written, head and next read, waiter record, session and
 // liveness scores, lease written, session set, queue, wexp, the wake, and
 // the next head's record judged). Records are unpacked into locals, not
-// tables; the ceilings are parsed once per JSON; repeated arguments are
-// checked once; per-call state lives in locals. Besides the commands it
+// tables (but for the six class counts, in one small table); the ceilings
+// are parsed once per JSON; repeated arguments are checked once; per-call
+// state lives in locals. Besides the commands it
 // does the contended path's checks: ids, the quarantine, the reclaim and
 // config-TTL deadlines, the ceiling, the session's and the waiter's
 // liveness, the start rate. It leaves out what costs no command on this
@@ -181,26 +182,11 @@ func leanAdmission(ctx context.Context, c *redis.Client, ahead int, counted func
 	if err := c.HSet(ctx, p+"lx", holder, leaseRec()).Err(); err != nil {
 		return 0, err
 	}
-	var line []string
-	join := func() error {
-		id := uuid.NewString()
-		line = append(line, id)
-		return c.FCall(ctx, "lean_join", []string{cfg}, "PUBLISH", strconv.Itoa(20*3600*1000), "", id, ch, session,
+	idle := strconv.Itoa(20 * 3600 * 1000)
+	return countLine("lean", ahead, holder, counted, func(id string) error {
+		return c.FCall(ctx, "lean_join", []string{cfg}, "PUBLISH", idle, "", id, ch, session,
 			"2", "0", "callgrind", strconv.Itoa(3600*1000), "1", enc).Err()
-	}
-	for range ahead {
-		if err := join(); err != nil {
-			return 0, err
-		}
-	}
-	return counted("lean", 200, func() error {
-		if err := join(); err != nil {
-			return err
-		}
-		if err := c.FCall(ctx, "lean_handoff", []string{cfg}, "PUBLISH", strconv.Itoa(20*3600*1000), "", holder, "3").Err(); err != nil {
-			return err
-		}
-		holder, line = line[0], line[1:]
-		return nil
+	}, func(holder string) error {
+		return c.FCall(ctx, "lean_handoff", []string{cfg}, "PUBLISH", idle, "", holder, "3").Err()
 	})
 }

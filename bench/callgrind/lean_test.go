@@ -34,14 +34,7 @@ func TestLeanSendsTodaysCommands(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out := map[string]float64{}
-		b, a := commandCounts(before), commandCounts(after)
-		for k, v := range a {
-			if d := v - b[k]; d > 0 && k != "info" {
-				out[k] = float64(d) / float64(n)
-			}
-		}
-		return out
+		return commandsPer(before, after, n)
 	}
 	const n = 100
 	l, err := contendedLine(ctx, testStore(t, c, "lean-real"), 1, 8)

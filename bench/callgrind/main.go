@@ -600,15 +600,24 @@ func acquireCuts(src string) ([]cut, error) {
 // level: a script's inner commands are counted too, by name), the INFO
 // itself left out.
 func callsPer(before, after string, n int) string {
-	b, a := commandCounts(before), commandCounts(after)
 	var parts []string
-	for name, v := range a {
-		if d := v - b[name]; d > 0 && name != "info" {
-			parts = append(parts, fmt.Sprintf("%s %.2f", name, float64(d)/float64(n)))
-		}
+	for name, v := range commandsPer(before, after, n) {
+		parts = append(parts, fmt.Sprintf("%s %.2f", name, v))
 	}
 	slices.Sort(parts)
 	return strings.Join(parts, ", ")
+}
+
+// commandsPer is callsPer's figures by command name.
+func commandsPer(before, after string, n int) map[string]float64 {
+	b, a := commandCounts(before), commandCounts(after)
+	out := map[string]float64{}
+	for name, v := range a {
+		if d := v - b[name]; d > 0 && name != "info" {
+			out[name] = float64(d) / float64(n)
+		}
+	}
+	return out
 }
 
 // commandCounts reads the calls of each command from INFO commandstats.

@@ -112,26 +112,39 @@ func sketch(ctx context.Context, c *redis.Client, ahead int, books bool, counted
 	if err := c.HSet(ctx, p+"lx", holder, "x").Err(); err != nil {
 		return 0, err
 	}
-	var line []string
 	common := []any{"PUBLISH", strconv.Itoa(20 * 3600 * 1000), clock}
-	join := func() error {
-		id := uuid.NewString()
-		line = append(line, id)
+	return countLine(name, ahead, holder, counted, func(id string) error {
 		args := append(common[:3:3], id, "0123456789abcdef-chan", sketchSession, "0", "0", "callgrind",
 			strconv.Itoa(3600*1000), "1", "1.6430")
 		return c.FCall(ctx, "sketch_join", []string{cfg}, args...).Err()
+	}, func(holder string) error {
+		args := append(common[:3:3], holder, "1", "0123456789abcdef-chan")
+		return c.FCall(ctx, "sketch_handoff", []string{cfg}, args...).Err()
+	})
+}
+
+// countLine counts admissions of a sketched line on one slot, held by
+// holder: ahead waiters join it first, then each admission counted is a
+// join at the back and a handoff of the holder's slot to the head, which
+// holds it next. Waiter ids are new uuids, as the store's are.
+func countLine(name string, ahead int, holder string, counted func(string, int, func() error) (float64, error),
+	join func(id string) error, handoff func(holder string) error) (float64, error) {
+	var line []string
+	add := func() error {
+		id := uuid.NewString()
+		line = append(line, id)
+		return join(id)
 	}
 	for range ahead {
-		if err := join(); err != nil {
+		if err := add(); err != nil {
 			return 0, err
 		}
 	}
 	return counted(name, 200, func() error {
-		if err := join(); err != nil {
+		if err := add(); err != nil {
 			return err
 		}
-		args := append(common[:3:3], holder, "1", "0123456789abcdef-chan")
-		if err := c.FCall(ctx, "sketch_handoff", []string{cfg}, args...).Err(); err != nil {
+		if err := handoff(holder); err != nil {
 			return err
 		}
 		holder, line = line[0], line[1:]
