@@ -43,9 +43,17 @@ local consumer = ARGV[9]
 local ttl = int(ARGV[10], 'lease ttl', 1, 86400000, true) * 1000
 local n = int(ARGV[11], 'domain count', 1, 10000, true)
 if #ARGV ~= 11 + n then bad('domain count does not match the arguments') end
-local encs = {}
-for i = 1, n do encs[i] = enc_arg(ARGV[11 + i]) end
-local req = {id = id, encs = encs, class = class, body = body, consumer = consumer, ch = ch, sid = sid, ttl = ttl}
+local encs
+if n == 1 then
+  encs = split_encs(enc_arg(ARGV[12])) -- a list a library keeps (no comma in an encoding)
+else
+  encs = {}
+  for i = 1, n do encs[i] = enc_arg(ARGV[11 + i]) end
+end
+-- The call's request, in the table the last call used (see try_grant).
+local req = REUSE.areq
+req.id, req.encs, req.class, req.body, req.consumer = id, encs, class, body, consumer
+req.ch, req.sid, req.ttl, req.handoff = ch, sid, ttl, false
 
 local now = clock()
 local lim = lims()
@@ -59,7 +67,7 @@ if now < lim.qu then
   return done({R_DELAYED, I(lim.qu - now)})
 end
 
-local rec = redis.call('HGET', P .. 'lx', id)
+local rec = redis.call('HGET', KLX, id)
 local l = rec and lease_unpack(rec)
 if l then
   -- A retried call, or a handoff: the grant stands, and is not made twice.
@@ -70,12 +78,13 @@ if l then
     -- while the grant's reply was on its way: nobody has held the lease
     -- yet, and its slots still count, so it moves to the session named.
     redis.call('SREM', P .. 'sl:' .. l.sid, id)
-    redis.call('HSET', P .. 'lx', id, lease_pack(l.hr, l.hb, l.c, l.g, sid, l.ds, l.cs))
+    redis.call('HSET', KLX, id, lease_pack(l.hr, l.hb, l.c, l.g, sid, l.ds, l.cs))
     join(sid, id)
   end
   return done({R_GRANTED, I(math.max(0, now - l.g, ttl - left))})
 end
-local doms = {}
+local doms = REUSE.adoms
+for i = #doms, n + 1, -1 do doms[i] = nil end
 for i = 1, n do doms[i] = dload(encs[i]) end
 
 local w = wload(id)
@@ -96,13 +105,13 @@ else
   -- A queue's head and its ticket, read here, also say whether this
   -- waiter heads it once it joins, without reading it again.
   local empty = true
-  local hticket = {}
+  local hq, ht -- the queue found with a head, and the head's ticket
   for i = 1, n do
     local d = doms[i]
     if d.qf == 1 then
       local h = redis.call('ZRANGE', d.q, '0', '0', 'WITHSCORES')
       if h[1] then
-        HEADS[d.q], hticket[d.q] = h[1], tonumber(h[2])
+        HEADS[d.q], hq, ht = h[1], d.q, tonumber(h[2])
         empty = false
         break
       end
@@ -124,20 +133,18 @@ else
     local d = doms[i]
     redis.call('ZADD', d.q, I(ticket), id)
     -- A head with an earlier ticket stays the head; else read it below.
-    local h = hticket[d.q]
-    if not (h and h < ticket) then HEADS[d.q] = nil end
+    if not (d.q == hq and ht < ticket) then HEADS[d.q] = nil end
     if NEXT then NEXT[d.q] = nil end
     expire(d.q, IDLE)
     if d.qf ~= 1 then d.dirty = true end
     d.qf = 1 -- saved on every way out below
   end
-  wsave(id, {t = ticket, c = class, b = body, at = now, ttl = ttl, ch = ch, sn = sid,
-    ds = n == 1 and encs[1] or table.concat(encs, ','), cs = consumer})
+  wsave(id, wrec(ticket, class, body, now, ttl, ch, sid, n == 1 and encs[1] or table.concat(encs, ','), consumer))
   joined = true
 end
 -- Every call is also the waiter's liveness beat.
-deadline(P .. 'wexp', now + ttl, id)
-expire(P .. 'wexp', IDLE)
+deadline(KWEXP, now + ttl, id)
+expire(KWEXP, IDLE)
 
 for i = 1, n do
   local d = doms[i]

@@ -150,6 +150,7 @@ local R_SESSION_GONE = '-4' -- acquire, heartbeat: the session named is dead
 
 -- Per-call state, set by begin.
 local CFG, P, PUB, IDLE -- config key, key prefix, publish command, idle TTL (ms)
+local KLX, KSEXP, KWEXP  -- the prefix's keys lx, sexp and wexp (built once in a library)
 local NOW, LIM, CANDS   -- the call's group time, limits, handoff candidates
 local PENDING           -- the candidates not yet tried, as a set
 local HEADS             -- queue key -> its head as this call knows it (false: empty)
@@ -162,6 +163,22 @@ local BACK              -- how far TIME went back, as this call found (us)
 local GIVEN             -- whether ARGV[3] gave the clock
 local DC                -- domains loaded by this call, by encoding
 local STRUCT            -- the struct library, nil where there is none
+local NWREC, NLREC      -- waiter and lease records unpacked so far (REUSE)
+
+-- Record tables (waiters', leases') are reused, as domain tables are
+-- (DPOOL, below), but by position: the n-th record a call unpacks fills
+-- the table the n-th of the previous call filled. No record outlives its
+-- call (WC is the call's), so within a call every record is a table of its
+-- own. Only the first RECS_MAX of a call are kept: a scan of thousands
+-- (inspect) must not leave thousands of tables behind. REUSE also holds
+-- the request and domain lists that try_grant and acquire refill (see
+-- try_grant); one table, since a script may have 200 locals in all.
+local RECS_MAX = 16
+local REUSE = {wrecs = {}, lrecs = {}, adoms = {}, hdoms = {},
+  areq = {id = false, encs = false, class = false, body = false, consumer = false,
+    ch = false, ttl = false, sid = false, handoff = false},
+  hreq = {id = false, encs = false, class = false, body = false, consumer = false,
+    ch = false, ttl = false, sid = false, handoff = false}}
 
 -- Set once, at load, by a function library (see LCACHE below).
 local IN_LIBRARY = false
@@ -242,10 +259,23 @@ end
 -- domain, the common case, takes one plain find. For the same reason hot
 -- loops count over arrays instead of calling ipairs' iterator, and floor
 -- and min are written as arithmetic.
+-- A library keeps the lists it made, by the string split (bounded like
+-- PASSED): the same domains come back on every record of a lane, and no
+-- caller changes a list it gets.
+local SPLIT, NSPLIT = {}, 0
 local function split_encs(ds)
-  if not string.find(ds, ',', 1, true) then return {ds} end
-  local out = {}
-  for e in string.gmatch(ds, '[^,]+') do out[#out + 1] = e end
+  local out = SPLIT[ds]
+  if out then return out end
+  if not string.find(ds, ',', 1, true) then
+    out = {ds}
+  else
+    out = {}
+    for e in string.gmatch(ds, '[^,]+') do out[#out + 1] = e end
+  end
+  if IN_LIBRARY then
+    if NSPLIT >= PASSED_MAX then SPLIT, NSPLIT = {}, 0 end
+    SPLIT[ds], NSPLIT = out, NSPLIT + 1
+  end
   return out
 end
 
@@ -267,24 +297,27 @@ end
 -- these scripts to the config and to a loaded domain goes through those
 -- tables (a retirement's BITFIELD touches only domains not loaded);
 -- reading them again is most of what a batch saves.
-local PFX, NPFX = {}, 0 -- config key -> key prefix, for keys checked (a library's)
+local PFX, NPFX = {}, 0 -- config key -> its prefix and busiest keys, for keys checked (a library's)
 local function begin(keys, argv, keep)
   CFG = keys[1]
-  P = PFX[CFG]
-  if not P then
+  local k = PFX[CFG]
+  if not k then
     if type(CFG) ~= 'string' or string.sub(CFG, -4) ~= ':cfg' then bad('KEYS[1] must be a config key') end
-    P = string.sub(CFG, 1, -4)
+    local p = string.sub(CFG, 1, -4)
+    k = {p = p, lx = p .. 'lx', sexp = p .. 'sexp', wexp = p .. 'wexp'}
     if IN_LIBRARY then
       if NPFX >= PASSED_MAX then PFX, NPFX = {}, 0 end
-      PFX[CFG], NPFX = P, NPFX + 1
+      PFX[CFG], NPFX = k, NPFX + 1
     end
   end
+  P, KLX, KSEXP, KWEXP = k.p, k.lx, k.sexp, k.wexp
   PUB = argv[1]
   if PUB ~= 'PUBLISH' and PUB ~= 'SPUBLISH' then
     bad('publish command must be PUBLISH or SPUBLISH')
   end
   IDLE = int(argv[2], 'idle ttl', 1000, 86400000 * 30, true)
-  CANDS, PENDING, HEADS, NEXT, LATE, WC = {}, {}, {}, nil, nil, {}
+  CANDS, PENDING, HEADS, NEXT, LATE, WC = nil, nil, {}, nil, nil, {}
+  NWREC, NLREC = 0, 0
   -- rawget: miniredis has no struct, and refuses a read of a missing global.
   -- In a library, once found it stays.
   if not STRUCT then STRUCT = rawget(_G, 'struct') end
@@ -442,12 +475,27 @@ local function limits()
     end
     local pc = v[2]
     if STRUCT and pc and #pc >= PCLEN then
-      local qu, rx, rc, lt, co, tl, ce = struct.unpack(PCFMT, pc)
-      local rid = #pc > PCLEN and string.sub(pc, PCLEN + 1) or false
+      -- pc changes only when a per-call field is written (a clock anchor
+      -- a second, a reclaim deadline, a TTL renewal), so most calls find
+      -- the one the last call of this config read, already unpacked.
+      if c.pc ~= pc then
+        c.pqu, c.prx, c.prc, c.plt, c.pco, c.ptl, c.pce = struct.unpack(PCFMT, pc)
+        c.prid = #pc > PCLEN and string.sub(pc, PCLEN + 1) or false
+        c.pc = pc
+      end
       -- The ceilings copied in, not behind a metatable: setmetatable is a C
-      -- call (see split_encs).
-      return {rid = rid, qu = qu, rx = rx, rc = rc, lt = lt, co = co, tl = tl, ce = ce,
-        rps = c.rps, burst = c.burst, bodies = c.bodies, caps = c.caps}
+      -- call (see split_encs). The call's view is the table the config's
+      -- last call used, refilled (see DPOOL; a call reads the limits once,
+      -- and a batch's next operation shares them): its fields are the
+      -- call's to change (cfg_put), so each is assigned afresh.
+      local lim = c.view
+      if not lim then
+        lim = {}
+        c.view = lim
+      end
+      lim.rid, lim.qu, lim.rx, lim.rc, lim.lt, lim.co, lim.tl, lim.ce = c.prid, c.pqu, c.prx, c.prc, c.plt, c.pco, c.ptl, c.pce
+      lim.rps, lim.burst, lim.bodies, lim.caps = c.rps, c.burst, c.bodies, c.caps
+      return lim
     end
     return per_call(setmetatable({}, c.mt), redis.call('HMGET', CFG, unpack(CALLF_RID)), 0)
   end
@@ -545,17 +593,42 @@ local function spack(d)
     d.wm, d.da, d.bs, d.ss, d.sa, d.fs, d.ep, unpack(d.f))
 end
 
+-- Domain tables kept for reuse, by key, in a library. A table of 23 named
+-- fields costs about 8k instructions to build here (its hash part, then
+-- the collector), against about 1k to assign the same fields of one that
+-- exists, so a load fills the table an earlier call of this server used
+-- for the same key. A call loads a key once (DC), and nothing keeps a
+-- domain table past its call but a batch's next operation, which shares
+-- DC (begin), so a refill never changes a table a caller still reads for
+-- another value. Every field is assigned on each refill (false, not nil,
+-- for the flags: a field set to nil may lose its slot, and assigning it
+-- again would grow the table). Bounded by LCACHE's bound.
+local DPOOL, NDPOOL = {}, 0
+
 -- Returns a domain table for value s (nil for a value this build cannot
--- read), all its fields given in one constructor: a table grown field by
--- field rehashes several times on the way.
+-- read): the pooled one refilled, or a new one with all its fields given
+-- in one constructor (a table grown field by field rehashes on the way).
 local function sunpack(enc, key, q, s)
   if #s ~= DLEN then return nil end
   local v, qf, b, bk, tk, ta, th, pu, rx, wm, da, bs, ss, sa, fs, ep = struct.unpack(DHFMT, s)
   if v ~= DVERSION then return nil end
   local f = {struct.unpack(DCFMT, s, DCOUNTS)}
   f[NCLASS + 1] = nil -- the position after the counts
-  return {enc = enc, key = key, q = q, s = s, new = false, f = f, b = b, bk = bk, tk = tk, ta = ta,
-    th = th, pu = pu, rx = rx, wm = wm, da = da, bs = bs, ss = ss, sa = sa, fs = fs, qf = qf, ep = ep}
+  local d = DPOOL[key]
+  if d then
+    d.enc, d.key, d.q, d.s, d.new, d.f, d.b, d.bk, d.tk, d.ta = enc, key, q, s, false, f, b, bk, tk, ta
+    d.th, d.pu, d.rx, d.wm, d.da, d.bs, d.ss, d.sa, d.fs, d.qf = th, pu, rx, wm, da, bs, ss, sa, fs, qf
+    d.ep, d.dirty, d.rf = ep, false, false
+    return d
+  end
+  d = {enc = enc, key = key, q = q, s = s, new = false, f = f, b = b, bk = bk, tk = tk, ta = ta,
+    th = th, pu = pu, rx = rx, wm = wm, da = da, bs = bs, ss = ss, sa = sa, fs = fs, qf = qf, ep = ep,
+    dirty = false, rf = false}
+  if IN_LIBRARY then
+    if NDPOOL >= LCACHE_MAX then DPOOL, NDPOOL = {}, 0 end
+    DPOOL[key], NDPOOL = d, NDPOOL + 1
+  end
+  return d
 end
 
 -- The same fields as decimal text, for servers without the struct library
@@ -782,7 +855,7 @@ local function dsave(d, now, lim, clean)
   elseif s ~= d.s then
     redis.call('SET', d.key, s, 'KEEPTTL')
   end
-  d.s, d.new, d.dirty, d.rf = s, false, false, nil
+  d.s, d.new, d.dirty, d.rf = s, false, false, false
   if IN_LIBRARY and (d.qf == 1) ~= (QH[d.key] == true) then qh_note(d.key, d.qf == 1) end
 end
 
@@ -850,7 +923,16 @@ local function lease_unpack(v)
       if at_end ~= #v + 1 or (hr ~= 0 and hr ~= 1) or (hb ~= 0 and hb ~= 1) or sid == '' or ds == '' then
         return nil
       end
-      return {hr = hr, hb = hb, c = c, g = g, sid = sid, ds = ds, cs = cs}
+      NLREC = NLREC + 1
+      local lrecs = REUSE.lrecs
+      local l = lrecs[NLREC]
+      if not l then
+        l = {hr = hr, hb = hb, c = c, g = g, sid = sid, ds = ds, cs = cs}
+        if NLREC <= RECS_MAX then lrecs[NLREC] = l end
+        return l
+      end
+      l.hr, l.hb, l.c, l.g, l.sid, l.ds, l.cs = hr, hb, c, g, sid, ds, cs
+      return l
     end
   end
   local hr, hb, c, g, sid, ds, cs = string.match(v, '^([01])([01]) (%d+) (%d+) (%S+) (%S+) (.*)$')
@@ -878,7 +960,7 @@ end
 -- it from its call less that. It returns the waiter's deadline too (nil
 -- if the waiter has none), which the wake message needs.
 local function session(sid, ttl, now, wid)
-  local sx = P .. 'sexp'
+  local sx = KSEXP
   local d = tonumber(redis.call('ZSCORE', sx, sid))
   if d then
     if d <= now then return nil end
@@ -892,7 +974,7 @@ local function session(sid, ttl, now, wid)
     -- deadline whenever that is later: its process vouched for it by its
     -- latest call or renewal, and the waiter then counts its lease from
     -- that call, not from an older heartbeat.
-    live = tonumber(redis.call('ZSCORE', P .. 'wexp', wid))
+    live = tonumber(redis.call('ZSCORE', KWEXP, wid))
     if live and live < at then at = live end
     if d and d >= at - ttl / 6 then return d - now, live end
     if at <= now then return nil end
@@ -916,7 +998,7 @@ end
 -- (pruned of names older than an idle TTL as it goes).
 local function end_session(sid, now)
   local gone = P .. 'sgone'
-  redis.call('ZREM', P .. 'sexp', sid)
+  redis.call('ZREM', KSEXP, sid)
   redis.call('ZADD', gone, I(now), sid)
   redis.call('ZREMRANGEBYSCORE', gone, '-inf', I(now - IDLE * 1000))
   expire(gone, IDLE)
@@ -947,6 +1029,20 @@ local function wpack(w)
   return string.format('%d %d %d %d %d ', w.t, w.c, w.b, w.at, w.ttl) .. w.ch .. ' ' .. w.sn .. ' ' .. w.ds .. ' ' .. w.cs
 end
 
+-- A waiter record's table, from the ring (see REUSE).
+local function wrec(t, c, b, at, ttl, ch, sn, ds, cs)
+  NWREC = NWREC + 1
+  local wrecs = REUSE.wrecs
+  local w = wrecs[NWREC]
+  if not w then
+    w = {t = t, c = c, b = b, at = at, ttl = ttl, ch = ch, sn = sn, ds = ds, cs = cs}
+    if NWREC <= RECS_MAX then wrecs[NWREC] = w end
+    return w
+  end
+  w.t, w.c, w.b, w.at, w.ttl, w.ch, w.sn, w.ds, w.cs = t, c, b, at, ttl, ch, sn, ds, cs
+  return w
+end
+
 local function wunpack(v)
   if STRUCT then
     -- pcall: a value too short for the format is an error to struct, and
@@ -954,7 +1050,7 @@ local function wunpack(v)
     local ok, ver, t, c, b, at, ttl, ch, sn, ds, cs, at_end = pcall(struct.unpack, WFMT, v)
     if ok and ver == WVERSION then
       if at_end ~= #v + 1 or (b ~= 0 and b ~= 1) or ch == '' or sn == '' or ds == '' then return nil end
-      return {t = t, c = c, b = b, at = at, ttl = ttl, ch = ch, sn = sn, ds = ds, cs = cs}
+      return wrec(t, c, b, at, ttl, ch, sn, ds, cs)
     end
   end
   local t, c, b, at, ttl, ch, sn, ds, cs = string.match(v, '^(%d+) (%d+) ([01]) (%d+) (%d+) (%S+) (%S+) (%S+) (.*)$')
@@ -1039,6 +1135,10 @@ end
 -- on 4 domains finds one head 4 times): its one try comes after whatever
 -- listed it.
 local function candidate(wid)
+  if not CANDS then
+    CANDS, PENDING = {wid}, {[wid] = true}
+    return
+  end
   if PENDING[wid] then return end
   PENDING[wid] = true
   CANDS[#CANDS + 1] = wid
@@ -1069,7 +1169,7 @@ local function remove_waiter(wid)
   end
   redis.call('DEL', P .. 'w:' .. wid)
   WC[wid] = false
-  redis.call('ZREM', P .. 'wexp', wid)
+  redis.call('ZREM', KWEXP, wid)
 end
 
 -- Returns a lease's parts (dr, db: its request slot, its body slot) to
@@ -1155,7 +1255,7 @@ end
 -- (dreturn): only for a caller that returns through done next. Returns
 -- the lease's record as it was (nil when unknown).
 local function retire(lid, r, b, popped, defer)
-  local lx = P .. 'lx'
+  local lx = KLX
   local v = redis.call('HGET', lx, lid)
   if not v then return nil end
   local l = lease_unpack(v)
@@ -1240,7 +1340,7 @@ local function grant(req, doms, lim, now)
     end
     dsave(d, now, lim)
   end
-  local lx = P .. 'lx'
+  local lx = KLX
   local encs = req.encs
   redis.call('HSET', lx, req.id, lease_pack(1, req.body, req.class, now, req.sid,
     #encs == 1 and encs[1] or table.concat(encs, ','), req.consumer))
@@ -1311,16 +1411,16 @@ local function new_epoch(now, quarantine_us, rebuild)
   local f = {'epoch', e, 'qu', now + quarantine_us}
   if rebuild then
     f[#f + 1], f[#f + 2] = 'ce', e
-    redis.call('DEL', P .. 'lx')
+    redis.call('DEL', KLX)
     for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
       redis.call('DEL', P .. 'q:' .. enc)
     end
     HEADS, NEXT = {}, nil
-    for _, wid in ipairs(redis.call('ZRANGE', P .. 'wexp', 0, -1)) do
+    for _, wid in ipairs(redis.call('ZRANGE', KWEXP, 0, -1)) do
       redis.call('DEL', P .. 'w:' .. wid)
     end
     WC = {}
-    redis.call('DEL', P .. 'wexp')
+    redis.call('DEL', KWEXP)
     DC = {}
   end
   cfg_put(unpack(f))
@@ -1366,9 +1466,14 @@ local function try_grant(wid, now)
   for k = 1, #encs do
     if head(P .. 'q:' .. encs[k]) ~= wid then return 'no' end
   end
-  local req = {id = wid, encs = encs, class = w.c, body = w.b,
-    consumer = w.cs, ch = w.ch, ttl = w.ttl, sid = w.sn, handoff = true}
-  local doms = {}
+  -- One request and one domain list serve every try of the call: nothing
+  -- keeps them past decide (see DPOOL for why tables are reused), and
+  -- acquire's own (REUSE.areq, .adoms) stay in use while it hands off.
+  local req = REUSE.hreq
+  req.id, req.encs, req.class, req.body, req.consumer = wid, encs, w.c, w.b, w.cs
+  req.ch, req.ttl, req.sid, req.handoff = w.ch, w.ttl, w.sn, true
+  local doms = REUSE.hdoms
+  for k = #doms, #encs + 1, -1 do doms[k] = nil end
   for k = 1, #encs do doms[k] = dload(encs[k]) end
   local r, left, live = decide(req, doms, lim, now)
   if r ~= 'granted' then
@@ -1389,9 +1494,8 @@ local function try_grant(wid, now)
     return r
   end
   -- The message carries the grant, its session, and how much earlier than
-  -- the waiter's own liveness deadline (its latest call's or renewal's time
--- + its TTL)
-  -- the session's deadline falls: the waiter need not call to learn it (if
+  -- the waiter's own liveness deadline (its latest call's or renewal's
+  -- time, plus its TTL) the session's deadline falls: the waiter need not call to learn it (if
   -- the message is lost, its next call finds the lease). The waiter knows
   -- when it sent its calls, so it counts the lease's TTL from one of them,
   -- not from the grant, which it cannot time: an age since the grant
@@ -1409,6 +1513,7 @@ end
 -- through it.
 local HANDOFF = 32
 local function hand_off(now)
+  if not CANDS then return end
   local i, granted = 1, 0
   while i <= #CANDS do
     local wid = CANDS[i]
@@ -1463,7 +1568,7 @@ local RESCAN = 1000000 -- us
 local function reclaim(now)
   local lim = lims()
   if lim and now < lim.rc then return end
-  local sexp, wexp = P .. 'sexp', P .. 'wexp'
+  local sexp, wexp = KSEXP, KWEXP
   local left = RECLAIM
   local sids = redis.call('ZRANGEBYSCORE', sexp, '-inf', I(now), 'LIMIT', 0, RECLAIM)
   for _, sid in ipairs(sids) do
@@ -1519,7 +1624,7 @@ local function group_clock(raw)
     co = co + BACK
     now = lt
     back = true
-  elseif lt > 0 and now - lt > j and redis.call('EXISTS', P .. 'lx') == 1 then
+  elseif lt > 0 and now - lt > j and redis.call('EXISTS', KLX) == 1 then
     local gap = now - lt
     rebuild = gap >= IDLE * 125
     if not run_id_changed() then
@@ -1527,16 +1632,14 @@ local function group_clock(raw)
       now = lt + j
     end
   end
-  local f = {}
-  if co ~= lim.co then
-    f[#f + 1], f[#f + 2] = 'co', co
-  end
   local q = j / 4
   q = q - q % 1
-  if now > lt + (STEP < q and STEP or q) then
-    f[#f + 1], f[#f + 2] = 'lt', now
+  local newlt = now > lt + (STEP < q and STEP or q)
+  if co ~= lim.co then
+    if newlt then cfg_put('co', co, 'lt', now) else cfg_put('co', co) end
+  elseif newlt then
+    cfg_put('lt', now)
   end
-  if #f > 0 then cfg_put(unpack(f)) end
   if back then
     -- Keys renewed from now on expire earlier, by Redis's clock, than
     -- the config renewed before: the next call renews it, and the keys it

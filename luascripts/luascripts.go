@@ -75,7 +75,10 @@ func lib() string {
 func Source(name string) string {
 	shebang, usesLib, body := split(name)
 	if usesLib {
-		body = lib() + "\n" + beginCall + body
+		// The body runs as a function of its own, as in Library: Lua 5.1
+		// allows a function 200 locals, and lib.lua's share of the main
+		// chunk's would otherwise leave the longest scripts none to spare.
+		body = lib() + "\n" + beginCall + "return (function()\n" + body + "\nend)()\n"
 	}
 	if shebang != "" {
 		shebang += "\n"
