@@ -581,7 +581,7 @@ func acquireCuts(src string) ([]cut, error) {
 		"local w = wload(id)",
 		"local joined = false",
 		"  local ticket = redis.call('HINCRBY', CFG, 'seq', '1')",
-		"  wsave(id, {",
+		"  wsave(id, wrec(",
 		"deadline(KWEXP, now + ttl, id)",
 		"for i = 1, n do\n  local d = doms[i]\n  if head(d.q) ~= id then",
 		"    return done({R_QUEUED})",
