@@ -164,6 +164,7 @@ local GIVEN             -- whether ARGV[3] gave the clock
 local DC                -- domains loaded by this call, by encoding
 local STRUCT            -- the struct library, nil where there is none
 local NWREC, NLREC      -- waiter and lease records unpacked so far (REUSE)
+local EXPMS, EXPS       -- the last TTL a key was renewed for, and its PXAT argument (expiry_arg)
 
 -- Record tables (waiters', leases') are reused, as domain tables are
 -- (DPOOL, below), but by position: the n-th record a call unpacks fills
@@ -219,8 +220,12 @@ end
 -- says the value comes again on later calls: worth remembering.
 local function int(v, name, lo, hi, repeats)
   if repeats then
-    local n = known(name, v, lo, hi)
-    if n then return n end
+    -- known, inlined: this runs for most arguments of every call.
+    local t = PASSED[name]
+    if t and t.lo == lo and t.hi == hi then
+      local n = t.v[v]
+      if n then return n end
+    end
   end
   if type(v) ~= 'string' or #v > 17 or not string.find(v, '^%-?%d+$') then
     bad(name .. ' is not a decimal integer')
@@ -326,7 +331,7 @@ local function begin(keys, argv, keep)
   if t == nil then bad('clock argument is missing') end
   if keep then return end
   LIM, DC = nil, {}
-  NOW, RAW, REAL, BACK, GIVEN = nil, nil, nil, 0, t ~= ''
+  NOW, RAW, REAL, BACK, GIVEN, EXPMS = nil, nil, nil, 0, t ~= '', nil
   if GIVEN then RAW = int(t, 'clock', 0, 9007199254740991) end
 end
 
@@ -382,10 +387,14 @@ end
 -- The same as the PXAT argument, formatted once for all the keys a call
 -- renews for the same time (most are renewed for the idle TTL).
 local EXPAT = {}
+-- EXPMS and EXPS (per call) are the last ms asked for and its argument:
+-- a call renews most keys for the idle TTL, at one instant.
 local function expiry_arg(ms)
+  if ms == EXPMS then return EXPS end
   local at = expiry(ms)
   if EXPAT.at ~= at then EXPAT.at, EXPAT.s = at, I(at) end
-  return EXPAT.s
+  EXPMS, EXPS = ms, EXPAT.s
+  return EXPS
 end
 
 local function expire(key, ms)
@@ -1620,7 +1629,7 @@ local function group_clock(raw)
   local rebuild = false
   local back = false
   if lt > 0 and now < lt then
-    BACK = lt - now
+    BACK, EXPMS = lt - now, nil -- deadlines set from now on add BACK
     co = co + BACK
     now = lt
     back = true
