@@ -111,7 +111,7 @@ else
     if d.qf == 1 then
       local h = redis.call('ZRANGE', d.q, '0', '0', 'WITHSCORES')
       if h[1] then
-        HEADS[d.q], hq, ht = h[1], d.q, tonumber(h[2])
+        HEADS[d.q], hq, ht = h[1], d.q, h[2] + 0
         empty = false
         break
       end

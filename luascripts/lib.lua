@@ -165,6 +165,7 @@ local DC                -- domains loaded by this call, by encoding
 local STRUCT            -- the struct library, nil where there is none
 local NWREC, NLREC      -- waiter and lease records unpacked so far (REUSE)
 local EXPMS, EXPS       -- the last TTL a key was renewed for, and its PXAT argument (expiry_arg)
+local LXDEL             -- a lease retired whose field of lx is deleted when the call ends (retire)
 
 -- Record tables (waiters', leases') are reused, as domain tables are
 -- (DPOOL, below), but by position: the n-th record a call unpacks fills
@@ -209,18 +210,13 @@ local function passed(name, v, n, lo, hi)
   return n
 end
 
-local function known(name, v, lo, hi)
-  local t = PASSED[name]
-  if t and t.lo == lo and t.hi == hi then return t.v[v] end
-  return nil
-end
-
 -- Strict decimal integer in [lo, hi]. tonumber alone would accept hex,
 -- padding, "nan" and "inf"; a NaN must never reach a comparison. repeats
 -- says the value comes again on later calls: worth remembering.
 local function int(v, name, lo, hi, repeats)
   if repeats then
-    -- known, inlined: this runs for most arguments of every call.
+    -- What passed before: looked up here, not in a helper, since this
+    -- runs for most arguments of every call (a Lua call costs too).
     local t = PASSED[name]
     if t and t.lo == lo and t.hi == hi then
       local n = t.v[v]
@@ -251,7 +247,8 @@ local function dec(v, name, hi)
 end
 
 local function enc_arg(v)
-  if known('domain encoding', v, 0, 0) then return v end
+  local t = PASSED['domain encoding'] -- passed before (see int)
+  if t and t.lo == 0 and t.hi == 0 and t.v[v] then return v end
   if type(v) ~= 'string' or not string.find(v, '^%-?%d+%.%x+$') then
     bad('domain encoding is malformed')
   end
@@ -285,9 +282,13 @@ local function split_encs(ds)
 end
 
 -- repeats as for int: a process's channel or session, not a waiter's id.
+-- An argument is a string or missing (nil): no type() for it, a C call.
 local function id_arg(v, name, repeats)
-  if repeats and known(name, v, 0, 0) then return v end
-  if type(v) ~= 'string' or #v == 0 or #v > 200 or string.find(v, '%s') then
+  if repeats then
+    local t = PASSED[name] -- passed before (see int)
+    if t and t.lo == 0 and t.hi == 0 and t.v[v] then return v end
+  end
+  if not v or #v == 0 or #v > 200 or string.find(v, '%s') then
     bad(name .. ' is malformed')
   end
   if repeats then return passed(name, v, v, 0, 0) end
@@ -321,7 +322,7 @@ local function begin(keys, argv, keep)
     bad('publish command must be PUBLISH or SPUBLISH')
   end
   IDLE = int(argv[2], 'idle ttl', 1000, 86400000 * 30, true)
-  CANDS, PENDING, HEADS, NEXT, LATE, WC = nil, nil, {}, nil, nil, {}
+  CANDS, PENDING, HEADS, NEXT, LATE, WC, LXDEL = nil, nil, {}, nil, nil, {}, nil
   NWREC, NLREC = 0, 0
   -- rawget: miniredis has no struct, and refuses a read of a missing global.
   -- In a library, once found it stays.
@@ -349,7 +350,7 @@ local function F(x) return string.format('%.17g', x) end
 local function raw_clock()
   if not RAW then
     local t = redis.call('TIME')
-    RAW = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    RAW = t[1] * 1000000 + t[2] -- arithmetic reads the digits as tonumber would, without a C call
   end
   return RAW
 end
@@ -369,7 +370,7 @@ local function real_clock()
   if not REAL then
     if GIVEN then
       local t = redis.call('TIME')
-      REAL = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      REAL = t[1] * 1000000 + t[2]
     else
       REAL = raw_clock()
     end
@@ -725,7 +726,10 @@ local function dload(enc)
   -- pcall: a hash here is the previous layout's, GET's WRONGTYPE says so.
   local s = redis.pcall('GET', key)
   local d
-  if type(s) == 'table' then
+  -- An error reply is a table with err; a string's err is nil (its
+  -- metatable's string library has none), and a missing key is false.
+  -- Cheaper than type(), a C call.
+  if s and s.err then
     if not string.find(s.err or '', '^WRONGTYPE') then error(s) end
     d = {enc = enc, key = key, q = q}
     dconvert(d)
@@ -970,8 +974,10 @@ end
 -- if the waiter has none), which the wake message needs.
 local function session(sid, ttl, now, wid)
   local sx = KSEXP
-  local d = tonumber(redis.call('ZSCORE', sx, sid))
+  -- Scores read by arithmetic, as tonumber would, without its C call.
+  local d = redis.call('ZSCORE', sx, sid)
   if d then
+    d = d + 0
     if d <= now then return nil end
     if not wid and d - now >= ttl * 2 / 3 then return d - now end
   elseif redis.call('ZSCORE', P .. 'sgone', sid) then
@@ -983,7 +989,8 @@ local function session(sid, ttl, now, wid)
     -- deadline whenever that is later: its process vouched for it by its
     -- latest call or renewal, and the waiter then counts its lease from
     -- that call, not from an older heartbeat.
-    live = tonumber(redis.call('ZSCORE', KWEXP, wid))
+    live = redis.call('ZSCORE', KWEXP, wid)
+    if live then live = live + 0 else live = nil end
     if live and live < at then at = live end
     if d and d >= at - ttl / 6 then return d - now, live end
     if at <= now then return nil end
@@ -1092,7 +1099,7 @@ local function wload(wid)
   local key = P .. 'w:' .. wid
   -- pcall: a hash here is the previous layout's, GET's WRONGTYPE says so.
   local v = redis.pcall('GET', key)
-  if type(v) == 'table' then
+  if v and v.err then -- an error reply (see dload)
     if not string.find(v.err or '', '^WRONGTYPE') then error(v) end
     w = wconvert(key)
   else
@@ -1287,7 +1294,14 @@ local function retire(lid, r, b, popped, defer)
   if dr then hr = 0 end
   if db then hb = 0 end
   if hr == 0 and hb == 0 then
-    redis.call('HDEL', lx, lid)
+    if defer and not LXDEL then
+      -- Deleted when the call ends (done), after the handoff: until then
+      -- lx surely exists, so a grant need not renew its TTL (grant). A
+      -- command per handoff; nothing between reads the field.
+      LXDEL = lid
+    else
+      redis.call('HDEL', lx, lid)
+    end
     if not popped then redis.call('SREM', P .. 'sl:' .. l.sid, lid) end
   elseif dr or db then
     redis.call('HSET', lx, lid, lease_pack(hr, hb, l.c, l.g, l.sid, l.ds, l.cs))
@@ -1353,7 +1367,11 @@ local function grant(req, doms, lim, now)
   local encs = req.encs
   redis.call('HSET', lx, req.id, lease_pack(1, req.body, req.class, now, req.sid,
     #encs == 1 and encs[1] or table.concat(encs, ','), req.consumer))
-  expire(lx, IDLE)
+  -- The HSET may have made lx, which must not be left without a TTL,
+  -- unless the field of a lease this call retired is still there (LXDEL).
+  -- Else lx has the TTL it was made with, renewed by every heartbeat and
+  -- with the config (touch_cfg): it outlives the config and the sessions.
+  if not LXDEL then expire(lx, IDLE) end
   join(req.sid, req.id)
   return left, live
 end
@@ -1513,7 +1531,9 @@ local function try_grant(wid, now)
     wake(wid) -- no liveness deadline to count from: its call learns the age
     return 'granted'
   end
-  redis.call(PUB, P .. 'wake:' .. req.ch, 'granted ' .. wid .. ' ' .. req.sid .. ' ' .. I(math.max(0, live - now - left)))
+  local short = live - now - left
+  if short < 0 then short = 0 end
+  redis.call(PUB, P .. 'wake:' .. req.ch, 'granted ' .. wid .. ' ' .. req.sid .. ' ' .. I(short))
   return 'granted'
 end
 
@@ -1543,21 +1563,29 @@ end
 
 local function done(result)
   local now = clock()
-  if not LATE then
+  if not LATE and not LXDEL then
     hand_off(now)
     return result
   end
   -- What a retirement left to save (dreturn) is saved here unless a grant
-  -- saved it, even when the handoff fails (a key of the wrong type, put
-  -- there by hand): a script's writes stay when it fails, and the slots
-  -- the retirement returned must be among them, as when it saved at once.
-  local ok, err = pcall(hand_off, now)
-  local lim = lims()
-  for k = 1, #LATE do
-    local d = LATE[k]
-    if d.dirty then dsave(d, now, lim) end
+  -- saved it, and the lease it retired deleted, even when the handoff
+  -- fails (a key of the wrong type, put there by hand): a script's writes
+  -- stay when it fails, and the retirement must be among them, as when it
+  -- wrote at once. Without candidates there is nothing to fail.
+  local ok, err = true, nil
+  if CANDS then ok, err = pcall(hand_off, now) end
+  if LATE then
+    local lim = lims()
+    for k = 1, #LATE do
+      local d = LATE[k]
+      if d.dirty then dsave(d, now, lim) end
+    end
+    LATE = nil
   end
-  LATE = nil
+  if LXDEL then
+    redis.call('HDEL', KLX, LXDEL)
+    LXDEL = nil
+  end
   if not ok then error(err, 0) end
   return result
 end

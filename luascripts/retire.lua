@@ -17,5 +17,6 @@ local parts = int(ARGV[5], 'parts', 1, 3, true)
 local now = clock()
 touch_cfg(now)
 reclaim(now)
-retire(id, parts % 2, math.floor(parts / 2), false, true)
+local r = parts % 2
+retire(id, r, (parts - r) / 2, false, true)
 return done({R_OK})
