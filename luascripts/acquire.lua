@@ -157,7 +157,7 @@ for i = 1, n do
       -- Usage.
       for k = 1, n do dsave(doms[k], now, lim, true) end
     end
-    return done({R_QUEUED})
+    return done(REPLY_QUEUED)
   end
 end
 
@@ -166,4 +166,4 @@ if r == 'granted' then return done({R_GRANTED, I(math.max(0, ttl - v))}) end
 for i = 1, n do dsave(doms[i], now, lim) end -- keep the refilled buckets
 if r == 'wait' then return done({R_DELAYED, I(v)}) end
 if r == 'gone' then return done({R_SESSION_GONE}) end
-return done({R_QUEUED})
+return done(REPLY_QUEUED)

@@ -147,6 +147,8 @@ local R_CONFLICT = '-3'    -- register: other limits are stored, then their JSON
 local R_NEW_EPOCH = '-3'   -- heartbeat: the budget's epoch changed, then the new one
 local R_NO_STATE = '0'     -- reset: the domain had no state
 local R_SESSION_GONE = '-4' -- acquire, heartbeat: the session named is dead
+-- The replies that are a code alone, made once: Redis only reads a reply.
+local REPLY_OK, REPLY_QUEUED = {R_OK}, {R_QUEUED}
 
 -- Per-call state, set by begin.
 local CFG, P, PUB, IDLE -- config key, key prefix, publish command, idle TTL (ms)
@@ -667,10 +669,6 @@ local function DPACK(d)
   return tpack(d)
 end
 
-local function DUNPACK(enc, key, q, s)
-  if STRUCT then return sunpack(enc, key, q, s) end
-  return tunpack(enc, key, q, s)
-end
 
 local DFIXSET = {}
 for i = 1, #DFIX do DFIXSET[DFIX[i]] = true end
@@ -734,7 +732,9 @@ local function dload(enc)
     d = {enc = enc, key = key, q = q}
     dconvert(d)
   else
-    d = s and DUNPACK(enc, key, q, s)
+    if s then -- (sunpack, or tunpack without struct)
+      if STRUCT then d = sunpack(enc, key, q, s) else d = tunpack(enc, key, q, s) end
+    end
     if not d then
       -- Missing, or a value no build writes (one of a later version):
       -- start afresh, as when a domain expires.
@@ -860,7 +860,7 @@ local function dsave(d, now, lim, clean)
   local ttl = hard > IDLE and hard or IDLE
   if clean and not renew and not d.new and not d.dirty then return end
   if renew then d.rx = raw + ttl * 1000 end
-  local s = DPACK(d)
+  local s = STRUCT and spack(d) or tpack(d) -- DPACK, inlined
   if renew then
     redis.call('SET', d.key, s, 'PXAT', expiry_arg(ttl))
     redis.call('ZADD', P .. 'doms', I(raw), d.enc)

@@ -19,4 +19,4 @@ touch_cfg(now)
 reclaim(now)
 local r = parts % 2
 retire(id, r, (parts - r) / 2, false, true)
-return done({R_OK})
+return done(REPLY_OK)
