@@ -14,7 +14,7 @@ import (
 // with the Lua around them written flat. A join sends the 12 commands of
 // today's acquire that queues, in its order, on the same keys and values
 // (the config's json and pc, the lease hash, the domain's packed value, the
-// waiter's record, the queue, wexp); a handoff sends the 20 of today's
+// waiter's record, the queue, wexp); a handoff sends the 19 of today's
 // retire that hands the slot to the head (lease read and dropped, domain
 // read and written, head and next read, waiter record, session and
 // liveness scores, lease written, session set, queue, wexp, the wake, and
@@ -103,7 +103,6 @@ redis.register_function('lean_handoff', function(KEYS, ARGV)
   local f = {f1, f2, f3, f4, f5, f6}
   if hr == 1 and parts % 2 == 1 and f[ci] > 0 then f[ci] = f[ci] - 1 end
   local hq = redis.call('ZRANGE', q, '0', '1')
-  redis.call('HDEL', lx, lid)
   redis.call('SREM', p .. 'sl:' .. lsid, lid)
   local head, nxt = hq[1], hq[2]
   if head then
@@ -120,8 +119,8 @@ redis.register_function('lean_handoff', function(KEYS, ARGV)
         redis.call('SET', dk, struct.pack(DF, v, qf, b, bk, tk, ta, th, pu, rx, wm, da, bs, ss, sa, fs, ep,
           f[1], f[2], f[3], f[4], f[5], f[6]), 'KEEPTTL')
         local ex = expat(now, idle)
+        -- lx still holds the retired lease (its HDEL comes last): no TTL to renew.
         redis.call('HSET', lx, head, struct.pack(LF, 1, 1, wb, wc, now, #wsn, wsn, #wds, wds, #wcs, wcs))
-        redis.call('PEXPIREAT', lx, ex)
         local sl = p .. 'sl:' .. wsn
         redis.call('SADD', sl, head)
         redis.call('PEXPIREAT', sl, ex)
@@ -134,11 +133,15 @@ redis.register_function('lean_handoff', function(KEYS, ARGV)
         if nxt then
           -- The next head: judged blocked from its record, left asleep.
           local nv, nt, nc = struct.unpack('>Bi8B', redis.call('GET', p .. 'w:' .. nxt))
-          if f[nc + 1] < cap then return {'1', nxt} end
+          if f[nc + 1] < cap then
+            redis.call('HDEL', lx, lid)
+            return {'1', nxt}
+          end
         end
       end
     end
   end
+  redis.call('HDEL', lx, lid)
   return {'1'}
 end)
 `
