@@ -505,7 +505,8 @@ local function limits()
         lim = {}
         c.view = lim
       end
-      lim.rid, lim.qu, lim.rx, lim.rc, lim.lt, lim.co, lim.tl, lim.ce = c.prid, c.pqu, c.prx, c.prc, c.plt, c.pco, c.ptl, c.pce
+      lim.rid, lim.qu, lim.rx, lim.rc = c.prid, c.pqu, c.prx, c.prc
+      lim.lt, lim.co, lim.tl, lim.ce = c.plt, c.pco, c.ptl, c.pce
       lim.rps, lim.burst, lim.bodies, lim.caps = c.rps, c.burst, c.bodies, c.caps
       return lim
     end
@@ -1294,15 +1295,16 @@ local function retire(lid, r, b, popped, defer)
   if dr then hr = 0 end
   if db then hb = 0 end
   if hr == 0 and hb == 0 then
+    if not popped then redis.call('SREM', P .. 'sl:' .. l.sid, lid) end
     if defer and not LXDEL then
-      -- Deleted when the call ends (done), after the handoff: until then
-      -- lx surely exists, so a grant need not renew its TTL (grant). A
-      -- command per handoff; nothing between reads the field.
+      -- Deleted when the call ends (done), after the handoff, and before
+      -- anything else there can fail: until then lx surely exists, so a
+      -- grant need not renew its TTL (grant). A command per handoff;
+      -- nothing between reads the field.
       LXDEL = lid
     else
       redis.call('HDEL', lx, lid)
     end
-    if not popped then redis.call('SREM', P .. 'sl:' .. l.sid, lid) end
   elseif dr or db then
     redis.call('HSET', lx, lid, lease_pack(hr, hb, l.c, l.g, l.sid, l.ds, l.cs))
   end
@@ -1522,11 +1524,12 @@ local function try_grant(wid, now)
   end
   -- The message carries the grant, its session, and how much earlier than
   -- the waiter's own liveness deadline (its latest call's or renewal's
-  -- time, plus its TTL) the session's deadline falls: the waiter need not call to learn it (if
-  -- the message is lost, its next call finds the lease). The waiter knows
-  -- when it sent its calls, so it counts the lease's TTL from one of them,
-  -- not from the grant, which it cannot time: an age since the grant
-  -- would have to be counted from its latest call too, and so twice.
+  -- time, plus its TTL) the session's deadline falls: the waiter need not
+  -- call to learn it (if the message is lost, its next call finds the
+  -- lease). The waiter knows when it sent its calls, so it counts the
+  -- lease's TTL from one of them, not from the grant, which it cannot
+  -- time: an age since the grant would have to be counted from its latest
+  -- call too, and so twice.
   if not live then
     wake(wid) -- no liveness deadline to count from: its call learns the age
     return 'granted'
@@ -1574,6 +1577,10 @@ local function done(result)
   -- wrote at once. Without candidates there is nothing to fail.
   local ok, err = true, nil
   if CANDS then ok, err = pcall(hand_off, now) end
+  if LXDEL then
+    redis.call('HDEL', KLX, LXDEL)
+    LXDEL = nil
+  end
   if LATE then
     local lim = lims()
     for k = 1, #LATE do
@@ -1581,10 +1588,6 @@ local function done(result)
       if d.dirty then dsave(d, now, lim) end
     end
     LATE = nil
-  end
-  if LXDEL then
-    redis.call('HDEL', KLX, LXDEL)
-    LXDEL = nil
   end
   if not ok then error(err, 0) end
   return result
