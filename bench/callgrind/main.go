@@ -584,7 +584,7 @@ func acquireCuts(src string) ([]cut, error) {
 		"  wsave(id, wrec(",
 		"deadline(KWEXP, now + ttl, id)",
 		"for i = 1, n do\n  local d = doms[i]\n  if head(d.q) ~= id then",
-		"    return done({R_QUEUED})",
+		"    return done(REPLY_QUEUED)",
 	} {
 		j := strings.Index(body, "\n"+at)
 		if j < 0 {
