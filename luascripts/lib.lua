@@ -178,11 +178,16 @@ local LXDEL             -- a lease retired whose field of lx is deleted when the
 -- the request and domain lists that try_grant and acquire refill (see
 -- try_grant); one table, since a script may have 200 locals in all.
 local RECS_MAX = 16
-local REUSE = {wrecs = {}, lrecs = {}, adoms = {}, hdoms = {},
-  areq = {id = false, encs = false, class = false, body = false, consumer = false,
-    ch = false, ttl = false, sid = false, handoff = false},
-  hreq = {id = false, encs = false, class = false, body = false, consumer = false,
-    ch = false, ttl = false, sid = false, handoff = false}}
+local REUSE = {wrecs = {}, lrecs = {}, adoms = {}, hdoms = {}}
+do
+  -- acquire's request and try_grant's, each with every field a request has
+  -- (refills then find their slots; see DPOOL).
+  local reqs = {'areq', 'hreq'}
+  for i = 1, #reqs do
+    REUSE[reqs[i]] = {id = false, encs = false, class = false, body = false, consumer = false,
+      ch = false, ttl = false, sid = false, handoff = false}
+  end
+end
 
 -- Set once, at load, by a function library (see LCACHE below).
 local IN_LIBRARY = false
