@@ -88,7 +88,10 @@ for i = #doms, n + 1, -1 do doms[i] = nil end
 for i = 1, n do doms[i] = dload(encs[i]) end
 
 local w = wload(id)
-local joined = false -- queued by this call: its queues' TTLs are fresh
+local joined = false -- queued by this call
+-- A queue found with a head (another waiter): it exists, and so does
+-- wexp, which holds that waiter's deadline.
+local hq
 if w then
   -- A handoff grants into the session of the waiter's latest call (and
   -- with its TTL, where a record converted from an old hash lacked it).
@@ -105,7 +108,7 @@ else
   -- A queue's head and its ticket, read here, also say whether this
   -- waiter heads it once it joins, without reading it again.
   local empty = true
-  local hq, ht -- the queue found with a head, and the head's ticket
+  local ht -- the head's ticket in hq
   for i = 1, n do
     local d = doms[i]
     if d.qf == 1 then
@@ -135,28 +138,28 @@ else
     -- A head with an earlier ticket stays the head; else read it below.
     if not (d.q == hq and ht < ticket) then HEADS[d.q] = nil end
     if NEXT then NEXT[d.q] = nil end
-    expire(d.q, IDLE)
+    if d.q ~= hq then qexpire(d) end -- may have made it (lib.lua, qexpire)
     if d.qf ~= 1 then d.dirty = true end
     d.qf = 1 -- saved on every way out below
   end
   wsave(id, wrec(ticket, class, body, now, ttl, ch, sid, n == 1 and encs[1] or table.concat(encs, ','), consumer))
   joined = true
 end
--- Every call is also the waiter's liveness beat.
+-- Every call is also the waiter's liveness beat. wexp's TTL is renewed
+-- with the config's (touch_cfg), and set here only where this ZADD may
+-- have made the key: a waiter already queued has its entry there, and so
+-- has the head of a queue found.
 deadline(KWEXP, now + ttl, id)
-expire(KWEXP, IDLE)
+if joined and not hq then expire(KWEXP, IDLE) end
 
 for i = 1, n do
   local d = doms[i]
   if head(d.q) ~= id then
-    if not joined then expire(d.q, IDLE) end
-    if joined then
-      -- Each domain now says its queue may hold waiters (dsave writes
-      -- only those that changed, and renews a TTL that is due). A domain
-      -- first met by this waiter is saved too, which lists it in doms for
-      -- Usage.
-      for k = 1, n do dsave(doms[k], now, lim, true) end
-    end
+    -- Each domain now says its queue may hold waiters (dsave writes only
+    -- those that changed, and renews a TTL that is due, the queue's with
+    -- it). A domain first met by this waiter is saved too, which lists it
+    -- in doms for Usage.
+    for k = 1, n do dsave(doms[k], now, lim, true) end
     return done(REPLY_QUEUED)
   end
 end

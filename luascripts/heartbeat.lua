@@ -74,7 +74,10 @@ if renew == 1 then
 end
 for _, enc in ipairs(encs) do
   local dk = P .. 'd:' .. enc
-  if redis.call('PTTL', dk) < IDLE / 2 then expire(dk, IDLE) end
+  if redis.call('PTTL', dk) < IDLE / 2 then
+    expire(dk, IDLE)
+    expire(P .. 'q:' .. enc, IDLE) -- a queue's TTL follows its domain's (lib.lua, qexpire)
+  end
 end
 local out = {R_OK}
 for _, id in ipairs(redis.call('SMEMBERS', sd)) do out[#out + 1] = id end

@@ -50,7 +50,7 @@ for i = 1, #ss, 2 do
   if listed >= most then break end
   for _, lid in ipairs(redis.call('SMEMBERS', P .. 'sl:' .. ss[i])) do
     if listed >= most then break end
-    local v = redis.call('HGET', P .. 'lx', lid)
+    local v = lid ~= '' and redis.call('HGET', P .. 'lx', lid) -- '': the set's own member (lib.lua, join)
     local l = v and lease_unpack(v)
     if l then
       listed = listed + 1

@@ -43,7 +43,8 @@
 --                waiters, packed in one value (see DFIX; internal/dompack
 --                reads it in Go). A build before this one kept a hash of
 --                the same fields here: it is converted where found.
---   q:<enc>      zset: waiters of a domain, scored by arrival ticket
+--   q:<enc>      zset: waiters of a domain, scored by arrival ticket; its
+--                TTL follows the domain's (qexpire)
 --   doms         zset: domain encodings, scored by when their TTL was last
 --                set (for Usage)
 --   w:<id>       string: a waiter (ticket, class, body flag, arrival, TTL,
@@ -57,7 +58,8 @@
 --                (renew.lua); one that has passed is never renewed
 --   lx           hash: every lease, id -> packed record (see lease_pack)
 --   sexp         zset: session id -> deadline (us)
---   sl:<sid>     set: the ids of session sid's leases
+--   sl:<sid>     set: the ids of session sid's leases, and an empty member
+--                (join)
 --   sd:<sid>     set: ids of session sid's leases that an operator dropped,
 --                until its holder's heartbeat has acknowledged them
 --   sgone        zset: session id -> when reclaim ended it (us), for an
@@ -868,7 +870,10 @@ local function dsave(d, now, lim, clean)
   if renew then d.rx = raw + ttl * 1000 end
   local s = STRUCT and spack(d) or tpack(d) -- DPACK, inlined
   if renew then
-    redis.call('SET', d.key, s, 'PXAT', expiry_arg(ttl))
+    local at = expiry_arg(ttl)
+    redis.call('SET', d.key, s, 'PXAT', at)
+    -- A queue's TTL follows its domain's (see qexpire).
+    if d.qf == 1 then redis.call('PEXPIREAT', d.q, at) end
     redis.call('ZADD', P .. 'doms', I(raw), d.enc)
     expire(P .. 'doms', IDLE)
   elseif s ~= d.s then
@@ -878,10 +883,27 @@ local function dsave(d, now, lim, clean)
   if IN_LIBRARY and (d.qf == 1) ~= (QH[d.key] == true) then qh_note(d.key, d.qf == 1) end
 end
 
+-- A queue's TTL follows its domain's: dsave renews the two together (the
+-- queue while qf says it may hold waiters), so a queue that holds waiters
+-- lives at least until its domain's rx, and a waiter that joins a queue
+-- it found with a head renews nothing. A ZADD to a missing queue makes it
+-- with no TTL, so a join that cannot vouch the queue existed calls this:
+-- it gives the queue what its domain has left, unless that is due for
+-- renewal, which this call's save of the domain (every join saves its
+-- domains) does for both. Heartbeats that renew a domain's key renew its
+-- queue too.
+local function qexpire(d)
+  local left = d.rx - raw_clock() -- us, on the clock rx is kept on
+  if left < IDLE * 500 then return end
+  local ms = left / 1000
+  redis.call('PEXPIREAT', d.q, expiry_arg(ms - ms % 1 + 1000))
+end
+
 -- Renews the config hash's TTL when half of it is spent, and with it those
--- of the lease records, sessions and domain list: while the config lives,
--- they do, so a config that outlived a clock jump vouches for them (Clock
--- jumps). Key TTLs run on Redis TIME, not the group clock. A call that
+-- of the lease records, sessions, domain list and waiters' deadlines (a
+-- waiter that joins behind another renews none: see acquire). While the
+-- config lives, they do, so a config that outlived a clock jump vouches
+-- for them (Clock jumps). Key TTLs run on Redis TIME, not the group clock. A call that
 -- found TIME gone back leaves it to the next call, which surely started
 -- after the step (expire): it would set the config no shorter a TTL.
 local function touch_cfg()
@@ -895,7 +917,7 @@ local function touch_cfg()
   if lim.rx < raw + IDLE * 500 then
     cfg_put('rx', raw + IDLE * 1000)
     expire(CFG, IDLE)
-    for _, k in ipairs({'lx', 'sexp', 'doms'}) do expire(P .. k, IDLE) end
+    for _, k in ipairs({'lx', 'sexp', 'doms', 'wexp'}) do expire(P .. k, IDLE) end
   end
 end
 
@@ -1009,11 +1031,13 @@ local function session(sid, ttl, now, wid)
   return at - now, live
 end
 
--- Adds lease id to session sid's set.
+-- Adds lease id to session sid's set. The set keeps an empty member from
+-- when it was made (no id is empty), so SADD's reply says whether this
+-- call made it, and only then is its TTL set here: heartbeats renew it
+-- while the session lives.
 local function join(sid, id)
   local sl = P .. 'sl:' .. sid
-  redis.call('SADD', sl, id)
-  expire(sl, IDLE)
+  if redis.call('SADD', sl, id, '') == 2 then expire(sl, IDLE) end
 end
 
 -- Ends session sid, whose leases are all retired: its name goes to sgone
@@ -1098,6 +1122,21 @@ local function wconvert(key)
   return w
 end
 
+-- What a waiter needs of the ceilings, kept past the call in a library:
+-- wid -> its class times 2 plus its body flag (WCB), and its domain
+-- encodings (WDS), as this server last wrote or read its record. They
+-- never change for an id (a record is rewritten only for its session and
+-- TTL), so a handoff can see that the waiter after the one it granted is
+-- still held back by a ceiling without reading its record (try_grant). A
+-- waiter missing here is read as before. Bounded like PASSED.
+local WCB, WDS, NWCB = {}, {}, 0
+local WCB_MAX = 512
+local function wnote(wid, w)
+  if not IN_LIBRARY or WCB[wid] then return end
+  if NWCB >= WCB_MAX then WCB, WDS, NWCB = {}, {}, 0 end
+  WCB[wid], WDS[wid], NWCB = w.c * 2 + w.b, w.ds, NWCB + 1
+end
+
 -- Waiter wid's record, or nil; read once per call.
 local function wload(wid)
   local w = WC[wid]
@@ -1112,6 +1151,7 @@ local function wload(wid)
     w = v and wunpack(v)
   end
   WC[wid] = w or false
+  if w then wnote(wid, w) end
   return w
 end
 
@@ -1119,6 +1159,7 @@ end
 local function wsave(wid, w)
   redis.call('SET', P .. 'w:' .. wid, wpack(w), 'PXAT', expiry_arg(IDLE))
   WC[wid] = w
+  wnote(wid, w)
 end
 
 local function wake(wid)
@@ -1488,6 +1529,30 @@ end
 -- or whose session is dead: just wake it, and its own call sorts it out).
 local function try_grant(wid, now)
   local lim = lims()
+  -- A waiter held back by a ceiling on a domain this call has loaded is
+  -- told from what this server knows of it (WCB), without its record: the
+  -- usual case of the waiter after the one a handoff granted. Only where
+  -- nothing in the try depends on time (no rate, no throttle: check would
+  -- refill no bucket and change nothing) and no quarantine (which wakes);
+  -- the try answers 'blocked' then, as decide's check would, and a waiter
+  -- that fits, or whose domains are not loaded, is tried in full.
+  if lim and lim.rps == 0 and now >= lim.qu then
+    local cb = WCB[wid]
+    if cb then
+      local ci, body = (cb - cb % 2) / 2 + 1, cb % 2 == 1
+      local cap, bodies = lim.caps[ci], lim.bodies
+      local es, full = split_encs(WDS[wid]), false
+      for k = 1, #es do
+        local d = DC[es[k]]
+        if not d or d.th == 1 then
+          full = false
+          break
+        end
+        if (cap > 0 and d.f[ci] >= cap) or (body and bodies > 0 and d.b >= bodies) then full = true end
+      end
+      if full then return 'blocked' end
+    end
+  end
   local w = wload(wid)
   if not w then return 'no' end
   if not lim or w.ttl == 0 or w.sn == '-' then return 'unknown' end
@@ -1618,11 +1683,21 @@ local function reclaim(now)
   local sids = redis.call('ZRANGEBYSCORE', sexp, '-inf', I(now), 'LIMIT', 0, RECLAIM)
   for _, sid in ipairs(sids) do
     if left == 0 then break end
-    local ids = redis.call('SPOP', P .. 'sl:' .. sid, left)
-    for _, lid in ipairs(ids) do retire(lid, 1, 1, true) end
-    left = left - #ids
-    -- Fewer than asked: the set is empty now.
-    if left > 0 then end_session(sid, now) end
+    local sl = P .. 'sl:' .. sid
+    local empty = false
+    -- Again when the set's own member (join) came out with the leases.
+    while left > 0 and not empty do
+      local asked = left
+      local ids = redis.call('SPOP', sl, asked)
+      for k = 1, #ids do
+        if ids[k] ~= '' then
+          retire(ids[k], 1, 1, true)
+          left = left - 1
+        end
+      end
+      empty = #ids < asked -- fewer than asked: the set is empty now
+    end
+    if empty then end_session(sid, now) end
   end
   local ids = redis.call('ZRANGEBYSCORE', wexp, '-inf', I(now), 'LIMIT', 0, RECLAIM)
   for _, wid in ipairs(ids) do

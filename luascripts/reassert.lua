@@ -119,7 +119,8 @@ end
 local epoch = tonumber(redis.call('HGET', CFG, 'epoch')) or now
 local spanned = not first
 for _, id in ipairs(redis.call('SMEMBERS', P .. 'sl:' .. sid)) do
-  if not named[id] and not (spanned and redis.call('HEXISTS', ra, id) == 1) then
+  -- '' is the set's own member (lib.lua, join), no lease.
+  if id ~= '' and not named[id] and not (spanned and redis.call('HEXISTS', ra, id) == 1) then
     local rec = redis.call('HGET', lx, id)
     local l = rec and lease_unpack(rec)
     if not l then

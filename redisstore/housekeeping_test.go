@@ -408,3 +408,69 @@ func granted(t *testing.T, got <-chan *budget.Lease) *budget.Lease {
 		return nil
 	}
 }
+
+// TestQueueKeysRenewedWhenDue: a waiter that joins behind another, and a
+// grant into a session whose set exists, renew no key's TTL (a queue's
+// follows its domain's, the waiters' deadlines the config's, a session's
+// set its heartbeats), and once the domain and the config are due their
+// renewal takes the queue and the waiters' deadlines along, so no key that
+// holds waiters runs out while its domain and config live.
+func TestQueueKeysRenewedWhenDue(t *testing.T) {
+	c, clock, holder, waiter := twoHosts(t, "qttl", time.Hour, 2)
+	ctx := context.Background()
+	p := "rb:{" + hex.EncodeToString([]byte("qttl")) + "}:"
+	q, wexp, sl := p+"q:1."+hex.EncodeToString([]byte("a")), p+"wexp", p+"sl:"+redisstore.SessionID(holder)
+	idle := redisstore.IdleTTL(holder)
+	const short = time.Hour // stands in for a TTL mostly spent
+	ttl := func(k string) time.Duration { return c.PTTL(ctx, k).Val() }
+	fresh := func(k string) {
+		t.Helper()
+		// (A queue made after its domain's renewal gets what the domain has
+		// left and a second more.)
+		if got := ttl(k); got < idle-time.Minute || got > idle+2*time.Second {
+			t.Fatalf("%s: TTL %v, want about %v", k, got, idle)
+		}
+	}
+	grantNow(t, holder, "h1")
+	fresh(sl)
+	c.PExpire(ctx, sl, short)
+	grantNow(t, holder, "h2")
+	queueNow(t, waiter, "w1", get(dom("a")))
+	fresh(q)
+	fresh(wexp)
+	c.PExpire(ctx, q, short)
+	c.PExpire(ctx, wexp, short)
+	queueNow(t, waiter, "w2", get(dom("a")))
+	for _, k := range []string{sl, q, wexp} {
+		if got := ttl(k); got > short || got <= 0 {
+			t.Fatalf("%s: TTL %v after a grant or a join that renews nothing, want at most %v", k, got, short)
+		}
+	}
+	// Half an idle TTL later by the scripts' clock, in steps shorter than
+	// half a lease TTL (a longer silence with leases held would be taken
+	// for a clock jump), with the holder beating and the waiters calling.
+	req, _ := get(dom("a")).Normalize()
+	for elapsed := time.Duration(0); elapsed <= idle/2; elapsed += 29 * time.Minute {
+		clock.step(29 * time.Minute)
+		if missing, err := holder.Heartbeat(ctx, []string{"h1", "h2"}); err != nil || len(missing) != 0 {
+			t.Fatalf("heartbeat: %v %v", missing, err)
+		}
+		for _, id := range []string{"w1", "w2"} {
+			if att, err := waiter.TryAcquire(ctx, id, req); err != nil || att.Outcome != budget.Queued {
+				t.Fatalf("TryAcquire(%s) = %+v, %v; want queued", id, att, err)
+			}
+		}
+	}
+	fresh(q)
+	fresh(wexp)
+	// A heartbeat that renews a domain's key renews its queue with it.
+	dk := p + "d:1." + hex.EncodeToString([]byte("a"))
+	c.PExpire(ctx, dk, short)
+	c.PExpire(ctx, q, short)
+	redisstore.AgeRenewals(holder, idle/4+time.Second)
+	if missing, err := holder.Heartbeat(ctx, []string{"h1", "h2"}); err != nil || len(missing) != 0 {
+		t.Fatalf("heartbeat: %v %v", missing, err)
+	}
+	fresh(dk)
+	fresh(q)
+}

@@ -11,14 +11,15 @@ import (
 )
 
 // The second yardstick (-sketch): today's layout and today's commands,
-// with the Lua around them written flat. A join sends the 12 commands of
-// today's acquire that queues, in its order, on the same keys and values
-// (the config's json and pc, the lease hash, the domain's packed value, the
-// waiter's record, the queue, wexp); a handoff sends the 19 of today's
-// retire that hands the slot to the head (lease read and dropped, domain
-// read and written, head and next read, waiter record, session and
-// liveness scores, lease written, session set, queue, wexp, the wake, and
-// the next head's record judged). Records are unpacked into locals, not
+// with the Lua around them written flat. A join sends the 10 commands of
+// today's acquire that queues behind another waiter, in its order, on the
+// same keys and values (the config's json and pc, the lease hash, the
+// domain's packed value, the waiter's record, the queue, wexp; the queue's
+// and wexp's TTLs are not due); a handoff sends the 17 of today's retire
+// that hands the slot to the head (lease read and dropped, domain read and
+// written, head and next read, waiter record, session and liveness scores,
+// lease written, session set, queue, wexp, the wake; the next head is
+// judged from what the library knows of it, without its record). Records are unpacked into locals, not
 // tables (but for the six class counts, in one small table); the ceilings
 // are parsed once per JSON; repeated arguments are checked once; per-call
 // state lives in locals. Besides the commands it
@@ -37,7 +38,7 @@ local DF = '>i8i8i8ddddddddddddd' .. 'i8i8i8i8i8i8'
 local LF = '>BBBBi8I4c0I4c0I4c0'
 local WF = '>Bi8BBi8i8I4c0I4c0I4c0I4c0'
 local PCF = '>i8i8i8i8i8i8i8'
-local CAPS, OK = {}, {}
+local CAPS, OK, CB = {}, {}, {}
 local function idok(v)
   if #v == 0 or #v > 200 or string.find(v, '%s') then error({err = 'RBINVAL id'}) end
   return v
@@ -82,11 +83,9 @@ redis.register_function('lean_join', function(KEYS, ARGV)
   if qf == 1 then redis.call('ZRANGE', q, '0', '0', 'WITHSCORES') end
   local ticket = redis.call('HINCRBY', KEYS[1], 'seq', '1')
   redis.call('ZADD', q, string.format('%d', ticket), id)
-  local ex = expat(now, idle)
-  redis.call('PEXPIREAT', q, ex)
-  redis.call('SET', wk, struct.pack(WF, 1, ticket, class, body, now, ttl, #ch, ch, #sid, sid, #enc, enc, #consumer, consumer), 'PXAT', ex)
+  redis.call('SET', wk, struct.pack(WF, 1, ticket, class, body, now, ttl, #ch, ch, #sid, sid, #enc, enc, #consumer, consumer), 'PXAT', expat(now, idle))
   redis.call('ZADD', p .. 'wexp', string.format('%d', now + ttl), id)
-  redis.call('PEXPIREAT', p .. 'wexp', ex)
+  CB[id] = class * 2 + body
   return {'2'}
 end)
 redis.register_function('lean_handoff', function(KEYS, ARGV)
@@ -118,12 +117,10 @@ redis.register_function('lean_handoff', function(KEYS, ARGV)
         ss, sa = ss + 0.5, now
         redis.call('SET', dk, struct.pack(DF, v, qf, b, bk, tk, ta, th, pu, rx, wm, da, bs, ss, sa, fs, ep,
           f[1], f[2], f[3], f[4], f[5], f[6]), 'KEEPTTL')
-        local ex = expat(now, idle)
         -- lx still holds the retired lease (its HDEL comes last): no TTL to renew.
         redis.call('HSET', lx, head, struct.pack(LF, 1, 1, wb, wc, now, #wsn, wsn, #wds, wds, #wcs, wcs))
         local sl = p .. 'sl:' .. wsn
-        redis.call('SADD', sl, head)
-        redis.call('PEXPIREAT', sl, ex)
+        if redis.call('SADD', sl, head, '') == 2 then redis.call('PEXPIREAT', sl, expat(now, idle)) end
         redis.call('ZREM', q, head)
         redis.call('DEL', p .. 'w:' .. head)
         redis.call('ZREM', p .. 'wexp', head)
@@ -131,9 +128,11 @@ redis.register_function('lean_handoff', function(KEYS, ARGV)
         if live < sd then left = live - now end
         redis.call('PUBLISH', p .. 'wake:' .. wch, 'granted ' .. head .. ' ' .. wsn .. ' ' .. string.format('%d', wttl - left))
         if nxt then
-          -- The next head: judged blocked from its record, left asleep.
-          local nv, nt, nc = struct.unpack('>Bi8B', redis.call('GET', p .. 'w:' .. nxt))
-          if f[nc + 1] < cap then
+          -- The next head: judged blocked from what its join noted, left
+          -- asleep; read only if unknown.
+          local cb = CB[nxt]
+          if not cb then cb = 2 * select(3, struct.unpack('>Bi8B', redis.call('GET', p .. 'w:' .. nxt))) end
+          if f[(cb - cb % 2) / 2 + 1] < cap then
             redis.call('HDEL', lx, lid)
             return {'1', nxt}
           end
