@@ -83,11 +83,32 @@ if l then
   end
   return done({R_GRANTED, I(math.max(0, now - l.g, ttl - left))})
 end
+local w = wload(id)
+local qread -- the queue's head as the shortcut below read it (a ZRANGE reply)
+if not w and n == 1 and QH[P .. 'd:' .. encs[1]] then
+  -- A first call on a domain whose queue this server last saw hold
+  -- waiters (QH, a guess) reads the queue first, and behind a head joins
+  -- without loading the domain: its flag says so already (a waiter's join
+  -- sets it, and only a call that finds the queue empty clears it), and
+  -- nothing else of it changes; grants and heartbeats renew its TTL. The
+  -- rest of this script does the same with the domain loaded.
+  local q = P .. 'q:' .. encs[1]
+  local h = redis.call('ZRANGE', q, '0', '0', 'WITHSCORES')
+  qread = h
+  if h[1] and h[1] ~= id then
+    HEADS[q] = h[1]
+    local ticket = redis.call('HINCRBY', CFG, 'seq', '1')
+    redis.call('ZADD', q, I(ticket), id)
+    if NEXT then NEXT[q] = nil end
+    wsave(id, wrec(ticket, class, body, now, ttl, ch, sid, encs[1], consumer))
+    deadline(KWEXP, now + ttl, id) -- wexp holds the head's: no TTL to set
+    return done(REPLY_QUEUED)
+  end
+end
 local doms = REUSE.adoms
 for i = #doms, n + 1, -1 do doms[i] = nil end
 for i = 1, n do doms[i] = dload(encs[i]) end
 
-local w = wload(id)
 local joined = false -- queued by this call
 -- A queue found with a head (another waiter): it exists, and so does
 -- wexp, which holds that waiter's deadline.
@@ -112,7 +133,7 @@ else
   for i = 1, n do
     local d = doms[i]
     if d.qf == 1 then
-      local h = redis.call('ZRANGE', d.q, '0', '0', 'WITHSCORES')
+      local h = qread or redis.call('ZRANGE', d.q, '0', '0', 'WITHSCORES')
       if h[1] then
         HEADS[d.q], hq, ht = h[1], d.q, h[2] + 0
         empty = false

@@ -11,11 +11,11 @@ import (
 )
 
 // The second yardstick (-sketch): today's layout and today's commands,
-// with the Lua around them written flat. A join sends the 10 commands of
+// with the Lua around them written flat. A join sends the 9 commands of
 // today's acquire that queues behind another waiter, in its order, on the
 // same keys and values (the config's json and pc, the lease hash, the
-// domain's packed value, the waiter's record, the queue, wexp; the queue's
-// and wexp's TTLs are not due); a handoff sends the 17 of today's retire
+// waiter's record, the queue, wexp; the domain is not read behind a head,
+// and the queue's and wexp's TTLs are not due); a handoff sends the 17 of today's retire
 // that hands the slot to the head (lease read and dropped, domain read and
 // written, head and next read, waiter record, session and liveness scores,
 // lease written, session set, queue, wexp, the wake; the next head is
@@ -38,7 +38,7 @@ local DF = '>i8i8i8ddddddddddddd' .. 'i8i8i8i8i8i8'
 local LF = '>BBBBi8I4c0I4c0I4c0'
 local WF = '>Bi8BBi8i8I4c0I4c0I4c0I4c0'
 local PCF = '>i8i8i8i8i8i8i8'
-local CAPS, OK, CB = {}, {}, {}
+local CAPS, OK, CB, QH = {}, {}, {}, {}
 local function idok(v)
   if #v == 0 or #v > 200 or string.find(v, '%s') then error({err = 'RBINVAL id'}) end
   return v
@@ -75,12 +75,17 @@ redis.register_function('lean_join', function(KEYS, ARGV)
   local now, p = open(KEYS[1])
   if redis.call('HGET', p .. 'lx', id) then return {'1', '0'} end
   local dk, q = p .. 'd:' .. enc, p .. 'q:' .. enc
-  local ver, qf = struct.unpack('>i8i8', redis.call('GET', dk))
   local wk = p .. 'w:' .. id
   if redis.call('GET', wk) then return {'2'} end
-  -- The head and its ticket: with nobody ahead the real script checks
-  -- the ceiling, which here is always full (one slot, held).
-  if qf == 1 then redis.call('ZRANGE', q, '0', '0', 'WITHSCORES') end
+  -- The head and its ticket, read first where the domain's queue was last
+  -- seen with waiters: behind a head the domain need not be read. (With
+  -- nobody ahead the real script checks the ceiling, which here is always
+  -- full: one slot, held.)
+  local h = QH[dk] and redis.call('ZRANGE', q, '0', '0', 'WITHSCORES')
+  if not (h and h[1]) then
+    local ver, qf = struct.unpack('>i8i8', redis.call('GET', dk))
+    if qf == 1 then redis.call('ZRANGE', q, '0', '0', 'WITHSCORES') end
+  end
   local ticket = redis.call('HINCRBY', KEYS[1], 'seq', '1')
   redis.call('ZADD', q, string.format('%d', ticket), id)
   redis.call('SET', wk, struct.pack(WF, 1, ticket, class, body, now, ttl, #ch, ch, #sid, sid, #enc, enc, #consumer, consumer), 'PXAT', expat(now, idle))
@@ -100,6 +105,7 @@ redis.register_function('lean_handoff', function(KEYS, ARGV)
   local dk, q = p .. 'd:' .. encs, p .. 'q:' .. encs
   local v, qf, b, bk, tk, ta, th, pu, rx, wm, da, bs, ss, sa, fs, ep, f1, f2, f3, f4, f5, f6 = struct.unpack(DF, redis.call('GET', dk))
   local f = {f1, f2, f3, f4, f5, f6}
+  QH[dk] = qf == 1 or nil
   if hr == 1 and parts % 2 == 1 and f[ci] > 0 then f[ci] = f[ci] - 1 end
   local hq = redis.call('ZRANGE', q, '0', '1')
   redis.call('SREM', p .. 'sl:' .. lsid, lid)
