@@ -121,10 +121,13 @@
 -- microsecond or more, and every string formatted or table built a fraction
 -- of one, on every admission. So TTLs of the config and domain keys are
 -- renewed only when half spent (their rx field says when they run out),
+-- and the keys that live beside them with them (a queue with its domain,
+-- wexp, lx and sexp with the config, a session's set by its heartbeats),
 -- reclaim scans only when a deadline may have passed (rc), a domain is one
 -- value read with one GET and written only when it changed, a queue is
--- looked at only when its domain says it may hold waiters, and a call
--- loads a domain once.
+-- looked at only when its domain says it may hold waiters, a waiter that
+-- joins behind another does not read its domain at all, and a call loads
+-- a domain once.
 
 -- NCLASS, the number of operation classes, is defined by the line Source
 -- and Library put before this file, from budget's one table of classes: a

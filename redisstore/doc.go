@@ -160,8 +160,11 @@
 // full again, so an expired domain is exactly a fresh one. Idle TTLs are
 // renewed when half spent rather than on every touch; those of a
 // session's keys and of the domain keys its leases count in, by a
-// heartbeat once a quarter of the idle TTL: on a loaded machine each
-// command inside a script costs a microsecond or more.
+// heartbeat once a quarter of the idle TTL. Keys that live beside another
+// follow it instead of being renewed on their own: a domain's queue is
+// renewed with the domain, the waiters' deadlines with the budget's
+// config, so a waiter that joins behind another renews no TTL at all. On a
+// loaded machine each command inside a script costs a microsecond or more.
 //
 // # Wake events
 //
