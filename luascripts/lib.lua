@@ -36,7 +36,8 @@
 --                reclaim is due), lt and co (the group clock: the latest
 --                time it read, and its offset from Redis TIME, us), tl (the
 --                longest lease TTL registered, us), ce (the epoch the
---                domains' counts must be of)
+--                domains' counts must be of), ly (the layout of the
+--                budget's keys, absent for 1: see LAYOUT)
 --   d:<enc>      string: one domain's counts, bucket, throttle, start rate,
 --                ep (the epoch of its counts), rx (when its TTL runs out,
 --                by Redis TIME, us) and whether its queue may hold
@@ -447,7 +448,33 @@ end
 local LIMITF = concat({'rps', 'burst', 'bodies'}, CAPF)
 local CALLF = {'qu', 'rx', 'rc', 'lt', 'co', 'tl', 'ce'}
 local CALLF_RID = concat(CALLF, {'rid'})
-local LIMITF_ALL = concat(LIMITF, CALLF_RID)
+local LIMITF_LY = concat(LIMITF, {'ly'})
+local LIMITF_ALL = concat(concat(LIMITF, CALLF_RID), {'ly'})
+
+-- The layout of a budget's keys (their names, types and value formats)
+-- that this build reads and writes. A config may name the layout its
+-- budget is kept in (field ly; absent: 1, the layout of every build until
+-- a later one writes another), and a build never acts on a budget kept in
+-- a layout newer than its own: it would misread what it found, and its
+-- writes would corrupt it. Every script reads the limits (limits, below)
+-- before it writes anything, and fails there, with RBLAYOUT and both
+-- numbers, before it has changed anything. A later build that changes the
+-- layout can then rely on every build from this one on to step aside,
+-- rather than on each older format being read the same by both. A library
+-- reads ly with the ceilings, which it re-reads only when the limits' JSON
+-- changes (LCACHE), so that costs no call anything: a build that moves a
+-- budget to a newer layout must write ly in the same HSET as the limits'
+-- JSON with its bytes changed (the same limits, say, with a field added),
+-- or a library of this build that has the old JSON cached goes on.
+local LAYOUT = 1
+local function check_layout(ly)
+  if not ly or ly == '1' then return end
+  local n = tonumber(ly)
+  if n and n == n and n <= LAYOUT then return end
+  -- A string, not an error table: miniredis's Lua shows a table as its
+  -- address. redisstore finds the code in either form of the reply.
+  error('RBLAYOUT budget layout ' .. string.sub(ly, 1, 20) .. ' is newer than this build reads (' .. LAYOUT .. ')', 0)
+end
 
 -- The per-call fields (CALLF, then rid) are also kept packed, as the
 -- config's field pc: CALLF's integers as big-endian 64-bit words, then the
@@ -480,11 +507,13 @@ local function limits()
   if IN_LIBRARY then
     local v = redis.call('HMGET', CFG, 'json', 'pc')
     if not v[1] then
+      check_layout(redis.call('HGET', CFG, 'ly')) -- before any register
       return nil
     end
     local c = LCACHE[CFG]
     if not c or c.json ~= v[1] then
-      local f = redis.call('HMGET', CFG, unpack(LIMITF))
+      local f = redis.call('HMGET', CFG, unpack(LIMITF_LY))
+      check_layout(f[#LIMITF_LY])
       if not f[1] then
         return nil
       end
@@ -525,6 +554,7 @@ local function limits()
     return per_call(setmetatable({}, c.mt), redis.call('HMGET', CFG, unpack(CALLF_RID)), 0)
   end
   local v = redis.call('HMGET', CFG, unpack(LIMITF_ALL))
+  check_layout(v[#LIMITF_ALL])
   if not v[1] then
     return nil
   end
@@ -1039,7 +1069,9 @@ end
 -- Adds lease id to session sid's set. The set keeps an empty member from
 -- when it was made (no id is empty), so SADD's reply says whether this
 -- call made it, and only then is its TTL set here: heartbeats renew it
--- while the session lives.
+-- while the session lives. (So a live session's set outlives its last
+-- lease, holding that member alone, until the session ends or its TTL
+-- runs out.)
 local function join(sid, id)
   local sl = P .. 'sl:' .. sid
   if redis.call('SADD', sl, id, '') == 2 then expire(sl, IDLE) end

@@ -155,6 +155,14 @@
 // struct library the string is binary (text before, and on miniredis
 // still); a text record an older build queued is read as it is.
 //
+// From this build on a budget's config may name the layout its keys are
+// kept in (absent: this build's, layout 1), and a build refuses a budget
+// kept in a newer layout than it reads, before it touches anything: every
+// call fails with an error wrapping budget.ErrLimitsConflict that names
+// both layouts. So a later build that changes the layout can count on
+// hosts of this build or later to stop instead of misreading it; hosts of
+// builds before this one cannot tell, and must be stopped first.
+//
 // Keys expire after max(20 x TTL, 5 min) without use, so an idle budget
 // leaves nothing behind; a domain's key lives at least until its bucket is
 // full again, so an expired domain is exactly a fresh one. Idle TTLs are

@@ -3,6 +3,8 @@ package redisstore_test
 import (
 	"context"
 	"encoding/hex"
+	"errors"
+	"maps"
 	"strconv"
 	"strings"
 	"testing"
@@ -213,4 +215,86 @@ func TestOldLeaseTextRead(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNewerLayoutRefused: a budget whose config says it is kept in a
+// layout newer than this build's is left alone: every call fails at once
+// with an error wrapping ErrLimitsConflict (retrying cannot help) that
+// names both layouts, and changes nothing; a config naming this build's layout, or none, is served.
+// On a real Redis (through the library, and by EVALSHA) and on miniredis.
+func TestNewerLayoutRefused(t *testing.T) {
+	type server struct {
+		name   string
+		client func(t *testing.T) *redis.Client
+		opts   []redisstore.Option
+	}
+	servers := []server{}
+	for _, s := range bothServers() {
+		servers = append(servers, server{s.name, s.client, nil})
+	}
+	servers = append(servers, server{"redis-evalsha", servers[0].client, []redisstore.Option{redisstore.WithEvalOnly()}})
+	for _, sv := range servers {
+		t.Run(sv.name, func(t *testing.T) {
+			c := sv.client(t)
+			ctx := context.Background()
+			s, err := redisstore.New(c, "layout", sv.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := budget.New(slots(2), budget.WithStore(s), budget.WithUnavailableGrace(200*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			held := mustAcquire(t, b, get(dom("a")))
+			cfg := "rb:{" + hex.EncodeToString([]byte("layout")) + "}:cfg"
+			snapshot := func() map[string]string {
+				out := map[string]string{}
+				for _, k := range c.Keys(ctx, "rb:{"+hex.EncodeToString([]byte("layout"))+"}:*").Val() {
+					out[k] = c.Dump(ctx, k).Val()
+				}
+				return out
+			}
+			// A build that moves a budget to a newer layout writes ly with
+			// the limits' JSON changed in its bytes (lib.lua, LAYOUT).
+			json := c.HGet(ctx, cfg, "json").Val()
+			for _, ly := range []string{"2", "x"} {
+				c.HSet(ctx, cfg, "ly", ly, "json", json+" ")
+				before := snapshot()
+				_, err := b.Acquire(ctx, get(dom("a")))
+				if !errors.Is(err, budget.ErrLimitsConflict) || !strings.Contains(err.Error(), "layout "+ly+" is newer than this build reads (1)") {
+					t.Fatalf("ly %s: Acquire error %v; want ErrLimitsConflict naming both layouts", ly, err)
+				}
+				if _, err := b.Usage(ctx); !errors.Is(err, budget.ErrLimitsConflict) {
+					t.Fatalf("ly %s: Usage error %v; want ErrLimitsConflict", ly, err)
+				}
+				if after := snapshot(); !maps.Equal(before, after) {
+					t.Fatalf("ly %s: the refused calls changed the budget's keys", ly)
+				}
+				if _, err := budget.New(slots(2), budget.WithStore(mustStore(t, c, "layout", sv.opts...)),
+					budget.WithUnavailableGrace(200*time.Millisecond)); !errors.Is(err, budget.ErrLimitsConflict) {
+					t.Fatalf("ly %s: budget.New error %v; want ErrLimitsConflict", ly, err)
+				}
+			}
+			for _, ly := range []string{"1", ""} {
+				if ly == "" {
+					c.HDel(ctx, cfg, "ly")
+				} else {
+					c.HSet(ctx, cfg, "ly", ly, "json", json)
+				}
+				mustAcquire(t, b, get(dom("a"))).Release()
+			}
+			held.Release()
+		})
+	}
+}
+
+func mustStore(t *testing.T, c redis.UniversalClient, name string, opts ...redisstore.Option) *redisstore.Store {
+	t.Helper()
+	s, err := redisstore.New(c, name, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }

@@ -176,9 +176,10 @@ func (s *Store) fcall(ctx context.Context, g *group, fn string, args []any) *red
 }
 
 // classify maps a failed call to the budget's errors: a script's refusal of
-// an argument to ErrInvalidRequest, the caller's cancellation to ctx.Err(),
-// anything else (network, BUSY, OOM, LOADING, failover) to ErrUnavailable,
-// which the budget retries within its grace.
+// an argument to ErrInvalidRequest, a budget kept in a layout newer than
+// this build's to ErrLimitsConflict, the caller's cancellation to
+// ctx.Err(), anything else (network, BUSY, OOM, LOADING, failover) to
+// ErrUnavailable, which the budget retries within its grace.
 func (s *Store) classify(ctx context.Context, op string, err error) error {
 	if ctx.Err() != nil {
 		return s.explain(ctx.Err())
@@ -187,8 +188,24 @@ func (s *Store) classify(ctx context.Context, op string, err error) error {
 	if i := strings.Index(msg, "RBINVAL "); i >= 0 {
 		return fmt.Errorf("redisstore: %s: %w: %s", op, budget.ErrInvalidRequest, trimScriptNoise(msg[i+len("RBINVAL "):]))
 	}
+	if i := strings.Index(msg, "RBLAYOUT "); i >= 0 {
+		return &layoutError{op: op, msg: trimScriptNoise(msg[i+len("RBLAYOUT "):])}
+	}
 	return s.explain(fmt.Errorf("redisstore: %s: %w: %v", op, budget.ErrUnavailable, err))
 }
+
+// layoutError is a script's refusal of a budget kept in a layout newer
+// than this build's (lib.lua, LAYOUT): nothing was done, and retrying will
+// not help. The stored budget does not fit this host, as other stored
+// limits do not, so it is an ErrLimitsConflict, though its text says what
+// is wrong instead.
+type layoutError struct{ op, msg string }
+
+func (e *layoutError) Error() string {
+	return "redisstore: " + e.op + ": " + e.msg + ": every host of this budget needs a build that reads its layout"
+}
+
+func (e *layoutError) Is(target error) bool { return target == budget.ErrLimitsConflict }
 
 // explain adds to err what this store's client saw that go-redis does
 // not report: Redis refusing new connections for maxclients (refusals.go).
