@@ -1169,7 +1169,9 @@ end
 local WCB, WDS, NWCB = {}, {}, 0
 local WCB_MAX = 512
 local function wnote(wid, w)
-  if not IN_LIBRARY or WCB[wid] then return end
+  -- (Not one converted from an old hash without its TTL or session: a try
+  -- wakes it, to complete its record by its own call.)
+  if not IN_LIBRARY or WCB[wid] or w.ttl == 0 or w.sn == '-' then return end
   if NWCB >= WCB_MAX then WCB, WDS, NWCB = {}, {}, 0 end
   WCB[wid], WDS[wid], NWCB = w.c * 2 + w.b, w.ds, NWCB + 1
 end
