@@ -931,7 +931,9 @@ local function qexpire(d)
   local left = d.rx - raw_clock() -- us, on the clock rx is kept on
   if left < IDLE * 500 then return end
   local ms = left / 1000
-  redis.call('PEXPIREAT', d.q, expiry_arg(ms - ms % 1 + 1000))
+  -- Formatted here, not by expiry_arg, whose one-entry cache holds the
+  -- idle TTL's argument that the rest of the join renews with.
+  redis.call('PEXPIREAT', d.q, I(expiry(ms - ms % 1 + 1000)))
 end
 
 -- Renews the config hash's TTL when half of it is spent, and with it those

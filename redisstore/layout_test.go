@@ -237,11 +237,8 @@ func TestNewerLayoutRefused(t *testing.T) {
 		t.Run(sv.name, func(t *testing.T) {
 			c := sv.client(t)
 			ctx := context.Background()
-			s, err := redisstore.New(c, "layout", sv.opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, err := budget.New(slots(2), budget.WithStore(s), budget.WithUnavailableGrace(200*time.Millisecond))
+			b, err := budget.New(slots(2), budget.WithStore(mustStore(t, c, "layout", sv.opts...)),
+				budget.WithUnavailableGrace(200*time.Millisecond))
 			if err != nil {
 				t.Fatal(err)
 			}
