@@ -84,7 +84,11 @@ func p2(ctx context.Context, e *env) error {
 		return since(t0, m), err
 	}
 	// The releasing script grants the waiter itself and says so in the wake
-	// message, so the handoff is one script call plus one message.
+	// message, so the handoff is one script call plus one message. Release
+	// returns once that call has its reply, so its own duration, kept
+	// beside the handoff's, splits the handoff into the script's round trip
+	// and what follows it (the message, the waiter's dispatch).
+	var released []time.Duration
 	budgetOne := func(ctx context.Context) (time.Duration, error) {
 		l, err := b.Acquire(ctx, req)
 		if err != nil {
@@ -102,6 +106,7 @@ func p2(ctx context.Context, e *env) error {
 		}
 		t0 := time.Now()
 		l.Release()
+		released = append(released, time.Since(t0))
 		m, err := waiter.recv(ctx)
 		return since(t0, m), err
 	}
@@ -117,15 +122,18 @@ func p2(ctx context.Context, e *env) error {
 	fPop := e.figure(sectionFloors, "floor.wake.blpop", "wake floor: bare BLPOP handoff, 2 processes", "µs", true)
 	s := "P2 release to wake, 2 processes"
 	fRB := e.figure(s, "p2.handoff", "Release in one process to Acquire returning in another", "µs", true)
+	fRel := e.figure(s, "p2.release", "of which Release returning (the handing-off retire's round trip)", "µs", true)
 	n := e.sz.wakes
 	if err := e.rounds(ctx,
 		into(fPub, handoff(n, pubsubOne)),
 		func(ctx context.Context) error {
+			released = released[:0]
 			r, err := handoff(n, budgetOne)(ctx)
 			if err != nil {
 				return err
 			}
 			fRB.add(r)
+			fRel.add(latencyRound(released, 0))
 			return nil
 		},
 		into(fPop, handoff(n, blpopOne)),
