@@ -719,31 +719,53 @@ func testThrottleRecovers(e *env) {
 
 func testThrottlePause(e *env) {
 	b := e.host(getSlots(10))
-	a, other := dom("a"), dom("other")
-	// Long enough that a loaded machine's Throttle, Usage and Acquire on
-	// the other domain fit well inside it (400 ms once did not, by 12 ms).
-	const pause = time.Second
-	t0 := time.Now()
-	if err := b.Throttle(context.Background(), a, pause); err != nil {
+	a, other, short := dom("a"), dom("other"), dom("short")
+	// The pause on a is far longer than any stall of a loaded machine, so
+	// "the other domain did not wait for it" is not a race against the
+	// clock (a one-second pause once lost to a 1.6 s stall of parallel
+	// tests under -race).
+	const long = time.Minute
+	if err := b.Throttle(context.Background(), a, long); err != nil {
 		e.Fatal(err)
 	}
-	if du := e.domainUsage(b, a); du.Paused <= 0 || du.Paused > pause {
-		e.Errorf("Paused = %v, want in (0, %v]", du.Paused, pause)
+	if du := e.domainUsage(b, a); du.Paused <= 0 || du.Paused > long {
+		e.Errorf("Paused = %v, want in (0, %v]", du.Paused, long)
 	}
-	// The other domain is not paused.
 	if du := e.domainUsage(b, other); du.Paused != 0 {
 		e.Errorf("unrelated domain Paused = %v, want 0", du.Paused)
 	}
-	lo := e.acquire(b, get(other))
-	if d := time.Since(t0); d >= pause {
-		e.Errorf("unrelated domain waited %v", d)
+	ctx, cancel := context.WithTimeout(context.Background(), long/2)
+	lo, err := b.Acquire(ctx, get(other))
+	cancel()
+	if err != nil {
+		e.Fatalf("Acquire on the unrelated domain during a %v pause of another: %v", long, err)
 	}
 	lo.Release()
-	la := e.acquire(b, get(a))
+	// A start on a waits out the pause: a short ctx ends first, and the
+	// waiter leaves nothing behind.
+	ctx, cancel = context.WithTimeout(context.Background(), 100*time.Millisecond)
+	la, err := b.Acquire(ctx, get(a))
+	cancel()
+	if err == nil {
+		la.Release()
+		e.Fatalf("Acquire on a domain paused for %v was admitted", long)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		e.Errorf("Acquire on the paused domain: %v, want context.DeadlineExceeded", err)
+	}
+	// The pause ends on its own. Only its lower bound is timed: t0 is read
+	// before the store's clock starts the pause, so a loaded machine can
+	// make the start later, never earlier.
+	const pause = 300 * time.Millisecond
+	t0 := time.Now()
+	if err := b.Throttle(context.Background(), short, pause); err != nil {
+		e.Fatal(err)
+	}
+	ls := e.acquire(b, get(short))
 	if d := time.Since(t0); d < pause {
 		e.Errorf("start on the paused domain after %v, want >= %v", d, pause)
 	}
-	la.Release()
+	ls.Release()
 	e.expectIdle(b)
 }
 
