@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/runbudget/runbudget/internal/backoff"
 	"github.com/runbudget/runbudget/lease"
 )
 
@@ -272,7 +273,7 @@ func (b *Budget) wait(ctx context.Context, id string, req Request, mem int64) (*
 	defer b.waiting.Add(-1)
 	var (
 		timer *time.Timer // stopped after every sleep, so no return leaves it running
-		down  = outage{backoff: minBackoff}
+		down  = newOutage()
 	)
 	for {
 		var sent time.Time // when the call went out: a lease's TTL starts after it
@@ -283,7 +284,7 @@ func (b *Budget) wait(ctx context.Context, id string, req Request, mem int64) (*
 		if err != nil {
 			att, err = b.ride(ctx, &down, err, sent)
 		} else {
-			down = outage{backoff: minBackoff}
+			down = newOutage()
 		}
 		if err == nil && att.Outcome == Granted {
 			grantedAt := sent.Add(-att.GrantedAgo)
@@ -321,14 +322,20 @@ func (b *Budget) wait(ctx context.Context, id string, req Request, mem int64) (*
 }
 
 // minBackoff is the first pause after a failed store call; it doubles on
-// each failure of one outage, up to a second.
-const minBackoff = 10 * time.Millisecond
+// each failure of one outage, up to maxBackoff, and each pause is drawn
+// from the upper half of its step (package backoff says why).
+const (
+	minBackoff = 10 * time.Millisecond
+	maxBackoff = time.Second
+)
 
 // outage is the state of a run of failed store calls.
 type outage struct {
 	since   time.Time // when the first failed call of the outage was sent; zero when none
-	backoff time.Duration
+	backoff backoff.Backoff
 }
+
+func newOutage() outage { return outage{backoff: backoff.New(minBackoff, maxBackoff)} }
 
 // ride decides what a failed store call means: the end of ctx, an error to
 // return, or, while the store has been unavailable for less than the
@@ -347,9 +354,7 @@ func (b *Budget) ride(ctx context.Context, o *outage, err error, sent time.Time)
 	if left <= 0 {
 		return Attempt{}, err
 	}
-	att := Attempt{Outcome: Delayed, Wait: min(o.backoff, left)}
-	o.backoff = min(2*o.backoff, time.Second)
-	return att, nil
+	return Attempt{Outcome: Delayed, Wait: min(o.backoff.Next(), left)}, nil
 }
 
 // renewedCall is how many lease TTLs a waiter whose store renews its place
@@ -547,7 +552,7 @@ func (b *Budget) isClosed() bool {
 // Each call is bounded by what is left of the grace.
 func (b *Budget) retry(ctx context.Context, fn func(context.Context) error) error {
 	start := b.now()
-	backoff := 10 * time.Millisecond
+	pause := backoff.New(minBackoff, maxBackoff)
 	for {
 		cctx, cancel := context.WithTimeout(ctx, b.grace-b.now().Sub(start))
 		err := fn(cctx)
@@ -567,13 +572,12 @@ func (b *Budget) retry(ctx context.Context, fn func(context.Context) error) erro
 		if left <= 0 {
 			return err
 		}
-		t := time.NewTimer(min(backoff, left))
+		t := time.NewTimer(min(pause.Next(), left))
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
 			return ctx.Err()
 		}
-		backoff = min(2*backoff, time.Second)
 	}
 }

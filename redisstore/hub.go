@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/internal/backoff"
 )
 
 // A hub is one pub/sub connection carrying the wake channels of every group
@@ -411,7 +412,7 @@ func (s *Store) startRehome(h *hub, g *group) {
 // starting from h, then wakes g's waiters. It tries until it succeeds or
 // the store closes.
 func (s *Store) rehome(h *hub, g *group) {
-	backoff := 50 * time.Millisecond
+	pause := backoff.New(50*time.Millisecond, time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(h.ctx, homeTimeout)
 		err := s.place(ctx, g, h.addr)
@@ -423,14 +424,13 @@ func (s *Store) rehome(h *hub, g *group) {
 		if h.ctx.Err() != nil || errors.Is(err, budget.ErrClosed) {
 			return
 		}
-		t := time.NewTimer(backoff)
+		t := time.NewTimer(pause.Next())
 		select {
 		case <-t.C:
 		case <-h.ctx.Done():
 			t.Stop()
 			return
 		}
-		backoff = min(2*backoff, time.Second)
 	}
 }
 
