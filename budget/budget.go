@@ -29,6 +29,9 @@ type Lease = lease.Lease
 
 // DefaultUnavailableGrace is how long Acquire, Throttle and Usage keep
 // retrying an unreachable store before they give up with ErrUnavailable.
+// The pauses between tries start at 10 ms and double up to a second, each
+// drawn at random from the upper half of its step, so that the hosts of a
+// run, which all lost the store at once, do not come back to it at once.
 const DefaultUnavailableGrace = 5 * time.Second
 
 // Option configures New.
