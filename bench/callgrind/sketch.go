@@ -25,7 +25,7 @@ import (
 // up to 40): it answers how much of today's cost is the layout's and how
 // much is the bookkeeping around it. -sketch counts a third admission
 // beside these two: today's layout and commands with the Lua written flat
-// (lean.go).
+// (lean.go), and a fourth, layout 2's records with flat Lua (lean2.go).
 const sketchLib = `#!lua name=rbsketch
 local W = 127 -- bytes per queue entry (EFMT's size)
 local EFMT = '>i8Bc36Bc40Bc40'
@@ -154,11 +154,13 @@ func countLine(name string, ahead int, holder string, counted func(string, int, 
 
 const sketchSession = "0123456789abcdef-0123-sess"
 
-func printSketch(bare, books, lean, admission, gcra float64) {
+func printSketch(bare, books, lean, lean2, admission, gcra float64) {
 	fmt.Printf("  sketch (one packed state, one queue string): a contended admission %.0f (%.2f redis_rate Allows, %.0f%% of today's);\n",
 		bare, bare/gcra, 100*bare/admission)
 	fmt.Printf("    with the limits, the group clock and the waiter's session read: %.0f (%.2f Allows, %.0f%%)\n",
 		books, books/gcra, 100*books/admission)
 	fmt.Printf("  today's layout and commands with the Lua written flat (lean.go): %.0f (%.2f Allows, %.0f%%)\n",
 		lean, lean/gcra, 100*lean/admission)
+	fmt.Printf("  layout 2 (waiters in lx, liveness by session) with the Lua written flat (lean2.go): %.0f (%.2f Allows, %.0f%%)\n",
+		lean2, lean2/gcra, 100*lean2/admission)
 }
