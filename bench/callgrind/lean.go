@@ -34,40 +34,7 @@ import (
 // today's 630k is the layout's commands and how much the way the Lua
 // around them is written.
 const leanLib = `#!lua name=rblean
-local DF = '>i8i8i8ddddddddddddd' .. 'i8i8i8i8i8i8'
-local LF = '>BBBBi8I4c0I4c0I4c0'
-local WF = '>Bi8BBi8i8I4c0I4c0I4c0I4c0'
-local PCF = '>i8i8i8i8i8i8i8'
-local CAPS, OK, CB, QH = {}, {}, {}, {}
-local function idok(v)
-  if #v == 0 or #v > 200 or string.find(v, '%s') then error({err = 'RBINVAL id'}) end
-  return v
-end
-local function rep(v)
-  if OK[v] then return v end
-  OK[v] = idok(v)
-  return v
-end
--- What every call starts with: the clock, the prefix, the limits.
-local function open(cfg)
-  local t = redis.call('TIME')
-  local now = t[1] * 1000000 + t[2]
-  local v = redis.call('HMGET', cfg, 'json', 'pc')
-  local cap = CAPS[v[1]]
-  if not cap then
-    cap = cjson.decode(v[1]).InFlight.get
-    CAPS[v[1]] = cap
-  end
-  local qu, rx, rc = struct.unpack(PCF, v[2])
-  if now < qu then error({err = 'quarantined'}) end
-  if rc <= now then error({err = 'reclaim due'}) end
-  if rx < now then error({err = 'config ttl due'}) end
-  return now, string.sub(cfg, 1, -4), cap
-end
-local function expat(now, idle)
-  local t = now / 1000
-  return string.format('%d', t - t % 1 + idle)
-end
+` + leanPrelude + `local WF = '>Bi8BBi8i8I4c0I4c0I4c0I4c0'
 redis.register_function('lean_join', function(KEYS, ARGV)
   local id, ch, sid = idok(ARGV[4]), rep(ARGV[5]), rep(ARGV[6])
   local class, body, consumer = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
@@ -155,46 +122,104 @@ end)
 // store's contended workload (one slot held, ahead waiters behind it), on
 // keys of its own that it writes as today's scripts would have.
 func leanAdmission(ctx context.Context, c *redis.Client, ahead int, counted func(string, int, func() error) (float64, error)) (float64, error) {
-	if err := c.FunctionLoadReplace(ctx, leanLib).Err(); err != nil {
+	return leanCount(ctx, c, leanLib, "lean", ahead, counted)
+}
+
+// leanCount loads lib, whose functions are fn_join and fn_handoff, writes
+// its keys under a budget of its own, and counts a contended admission of
+// it.
+func leanCount(ctx context.Context, c *redis.Client, lib, fn string, ahead int, counted func(string, int, func() error) (float64, error)) (float64, error) {
+	if err := c.FunctionLoadReplace(ctx, lib).Err(); err != nil {
 		return 0, err
 	}
-	cfg := "rb:{" + hex.EncodeToString([]byte("cg-lean")) + "}:cfg"
+	const session, ch = "d4cad416-7373-4473-bd57-26fe73a94422.0", "d4cad416-7373-4473-bd57-26fe73a94422"
+	cfg, holder, err := leanKeys(ctx, c, "cg-"+fn, session)
+	if err != nil {
+		return 0, err
+	}
+	idle := strconv.Itoa(20 * 3600 * 1000)
+	return countLine(fn, ahead, holder, counted, func(id string) error {
+		return c.FCall(ctx, fn+"_join", []string{cfg}, "PUBLISH", idle, "", id, ch, session,
+			"2", "0", "callgrind", strconv.Itoa(3600*1000), "1", leanEnc).Err()
+	}, func(holder string) error {
+		return c.FCall(ctx, fn+"_handoff", []string{cfg}, "PUBLISH", idle, "", holder, "3").Err()
+	})
+}
+
+// leanEnc is the encoded domain both lean yardsticks use.
+const leanEnc = "1.6430"
+
+// leanPrelude is what both lean libraries start with: the record formats
+// they share, the argument checks and what every call opens with (the
+// clock, the prefix, the limits).
+const leanPrelude = `local DF = '>i8i8i8ddddddddddddd' .. 'i8i8i8i8i8i8'
+local LF = '>BBBBi8I4c0I4c0I4c0'
+local PCF = '>i8i8i8i8i8i8i8'
+local CAPS, OK, CB, QH = {}, {}, {}, {}
+local function idok(v)
+  if #v == 0 or #v > 200 or string.find(v, '%s') then error({err = 'RBINVAL id'}) end
+  return v
+end
+local function rep(v)
+  if OK[v] then return v end
+  OK[v] = idok(v)
+  return v
+end
+-- What every call starts with: the clock, the prefix, the limits.
+local function open(cfg)
+  local t = redis.call('TIME')
+  local now = t[1] * 1000000 + t[2]
+  local v = redis.call('HMGET', cfg, 'json', 'pc')
+  local cap = CAPS[v[1]]
+  if not cap then
+    cap = cjson.decode(v[1]).InFlight.get
+    CAPS[v[1]] = cap
+  end
+  local qu, rx, rc = struct.unpack(PCF, v[2])
+  if now < qu then error({err = 'quarantined'}) end
+  if rc <= now then error({err = 'reclaim due'}) end
+  if rx < now then error({err = 'config ttl due'}) end
+  return now, string.sub(cfg, 1, -4), cap
+end
+local function expat(now, idle)
+  local t = now / 1000
+  return string.format('%d', t - t % 1 + idle)
+end
+`
+
+// leanKeys writes, under a budget of its own named name, what today's
+// scripts would have left for a contended admission: the limits (one get
+// slot), the domain's packed counts (the slot held, its queue flagged),
+// the session live far ahead, and the holder's lease. It returns the
+// config's key and the holder's lease id.
+func leanKeys(ctx context.Context, c *redis.Client, name, session string) (cfg, holder string, err error) {
+	cfg = "rb:{" + hex.EncodeToString([]byte(name)) + "}:cfg"
 	p := cfg[:len(cfg)-3]
-	const enc, session, ch = "1.6430", "d4cad416-7373-4473-bd57-26fe73a94422.0", "d4cad416-7373-4473-bd57-26fe73a94422"
 	far := int64(1) << 60
 	pc := make([]byte, 56) // qu, rx, rc, lt, co, tl, ce
 	binary.BigEndian.PutUint64(pc[8:], uint64(far))
 	binary.BigEndian.PutUint64(pc[16:], uint64(far))
 	if err := c.HSet(ctx, cfg, "json", `{"InFlight":{"get":1}}`, "pc", string(pc)).Err(); err != nil {
-		return 0, err
+		return "", "", err
 	}
 	dom := make([]byte, 176) // version 2, queue flag 1, class get (index 2) at 1
 	binary.BigEndian.PutUint64(dom[0:], 2)
 	binary.BigEndian.PutUint64(dom[8:], 1)
 	binary.BigEndian.PutUint64(dom[16*8+2*8:], 1)
-	if err := c.Set(ctx, p+"d:"+enc, dom, 0).Err(); err != nil {
-		return 0, err
+	if err := c.Set(ctx, p+"d:"+leanEnc, dom, 0).Err(); err != nil {
+		return "", "", err
 	}
 	if err := c.ZAdd(ctx, p+"sexp", redis.Z{Score: 4e15, Member: session}).Err(); err != nil {
-		return 0, err
+		return "", "", err
 	}
-	leaseRec := func() string {
-		b := []byte{1, 1, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0}
-		for _, s := range []string{session, enc, "callgrind"} {
-			b = binary.BigEndian.AppendUint32(b, uint32(len(s)))
-			b = append(b, s...)
-		}
-		return string(b)
+	b := []byte{1, 1, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0}
+	for _, s := range []string{session, leanEnc, "callgrind"} {
+		b = binary.BigEndian.AppendUint32(b, uint32(len(s)))
+		b = append(b, s...)
 	}
-	holder := uuid.NewString()
-	if err := c.HSet(ctx, p+"lx", holder, leaseRec()).Err(); err != nil {
-		return 0, err
+	holder = uuid.NewString()
+	if err := c.HSet(ctx, p+"lx", holder, string(b)).Err(); err != nil {
+		return "", "", err
 	}
-	idle := strconv.Itoa(20 * 3600 * 1000)
-	return countLine("lean", ahead, holder, counted, func(id string) error {
-		return c.FCall(ctx, "lean_join", []string{cfg}, "PUBLISH", idle, "", id, ch, session,
-			"2", "0", "callgrind", strconv.Itoa(3600*1000), "1", enc).Err()
-	}, func(holder string) error {
-		return c.FCall(ctx, "lean_handoff", []string{cfg}, "PUBLISH", idle, "", holder, "3").Err()
-	})
+	return cfg, holder, nil
 }

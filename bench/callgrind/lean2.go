@@ -2,11 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
-	"encoding/hex"
-	"strconv"
 
-	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -33,39 +29,7 @@ import (
 // leaves out is what lean.go leaves out, so it is a floor for layout 2,
 // as lean.go's is for today's.
 const lean2Lib = `#!lua name=rblean2
-local DF = '>i8i8i8ddddddddddddd' .. 'i8i8i8i8i8i8'
-local LF = '>BBBBi8I4c0I4c0I4c0'
-local WF = '>BBi8BBi8i8I4c0I4c0I4c0I4c0'
-local PCF = '>i8i8i8i8i8i8i8'
-local CAPS, OK, CB, QH = {}, {}, {}, {}
-local function idok(v)
-  if #v == 0 or #v > 200 or string.find(v, '%s') then error({err = 'RBINVAL id'}) end
-  return v
-end
-local function rep(v)
-  if OK[v] then return v end
-  OK[v] = idok(v)
-  return v
-end
-local function open(cfg)
-  local t = redis.call('TIME')
-  local now = t[1] * 1000000 + t[2]
-  local v = redis.call('HMGET', cfg, 'json', 'pc')
-  local cap = CAPS[v[1]]
-  if not cap then
-    cap = cjson.decode(v[1]).InFlight.get
-    CAPS[v[1]] = cap
-  end
-  local qu, rx, rc = struct.unpack(PCF, v[2])
-  if now < qu then error({err = 'quarantined'}) end
-  if rc <= now then error({err = 'reclaim due'}) end
-  if rx < now then error({err = 'config ttl due'}) end
-  return now, string.sub(cfg, 1, -4), cap
-end
-local function expat(now, idle)
-  local t = now / 1000
-  return string.format('%d', t - t % 1 + idle)
-end
+` + leanPrelude + `local WF = '>BBi8BBi8i8I4c0I4c0I4c0I4c0'
 redis.register_function('lean2_join', function(KEYS, ARGV)
   local id, ch, sid = idok(ARGV[4]), rep(ARGV[5]), rep(ARGV[6])
   local class, body, consumer = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
@@ -147,43 +111,5 @@ end)
 // leanAdmission uses (one slot held, ahead waiters behind it), on keys of
 // its own.
 func lean2Admission(ctx context.Context, c *redis.Client, ahead int, counted func(string, int, func() error) (float64, error)) (float64, error) {
-	if err := c.FunctionLoadReplace(ctx, lean2Lib).Err(); err != nil {
-		return 0, err
-	}
-	cfg := "rb:{" + hex.EncodeToString([]byte("cg-lean2")) + "}:cfg"
-	p := cfg[:len(cfg)-3]
-	const enc, session, ch = "1.6430", "5b0c1a8e-55a4-4f7b-9a53-0f3f4f9d2c11.0", "5b0c1a8e-55a4-4f7b-9a53-0f3f4f9d2c11"
-	far := int64(1) << 60
-	pc := make([]byte, 56) // qu, rx, rc, lt, co, tl, ce
-	binary.BigEndian.PutUint64(pc[8:], uint64(far))
-	binary.BigEndian.PutUint64(pc[16:], uint64(far))
-	if err := c.HSet(ctx, cfg, "json", `{"InFlight":{"get":1}}`, "pc", string(pc)).Err(); err != nil {
-		return 0, err
-	}
-	dom := make([]byte, 176) // version 2, queue flag 1, class get (index 2) at 1
-	binary.BigEndian.PutUint64(dom[0:], 2)
-	binary.BigEndian.PutUint64(dom[8:], 1)
-	binary.BigEndian.PutUint64(dom[16*8+2*8:], 1)
-	if err := c.Set(ctx, p+"d:"+enc, dom, 0).Err(); err != nil {
-		return 0, err
-	}
-	if err := c.ZAdd(ctx, p+"sexp", redis.Z{Score: 4e15, Member: session}).Err(); err != nil {
-		return 0, err
-	}
-	b := []byte{1, 1, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0}
-	for _, s := range []string{session, enc, "callgrind"} {
-		b = binary.BigEndian.AppendUint32(b, uint32(len(s)))
-		b = append(b, s...)
-	}
-	holder := uuid.NewString()
-	if err := c.HSet(ctx, p+"lx", holder, string(b)).Err(); err != nil {
-		return 0, err
-	}
-	idle := strconv.Itoa(20 * 3600 * 1000)
-	return countLine("lean2", ahead, holder, counted, func(id string) error {
-		return c.FCall(ctx, "lean2_join", []string{cfg}, "PUBLISH", idle, "", id, ch, session,
-			"2", "0", "callgrind", strconv.Itoa(3600*1000), "1", enc).Err()
-	}, func(holder string) error {
-		return c.FCall(ctx, "lean2_handoff", []string{cfg}, "PUBLISH", idle, "", holder, "3").Err()
-	})
+	return leanCount(ctx, c, lean2Lib, "lean2", ahead, counted)
 }
