@@ -149,15 +149,16 @@ func leanCount(ctx context.Context, c *redis.Client, lib, fn string, ahead int, 
 // leanEnc is the encoded domain both lean yardsticks use.
 const leanEnc = "1.6430"
 
-// leanPrelude is what both lean libraries start with: the record formats
+// leanPrelude is what the lean libraries start with: the record formats
 // they share, the argument checks and what every call opens with (the
-// clock, the prefix, the limits).
+// clock, the prefix, the limits, and the config's epoch, which layout 3
+// takes as its caches' generation).
 const leanPrelude = `local DF = '>i8i8i8ddddddddddddd' .. 'i8i8i8i8i8i8'
 local LF = '>BBBBi8I4c0I4c0I4c0'
 local PCF = '>i8i8i8i8i8i8i8'
 local CAPS, OK, CB, QH = {}, {}, {}, {}
 local function idok(v)
-  if #v == 0 or #v > 200 or string.find(v, '%s') then error({err = 'RBINVAL id'}) end
+  if #v > 200 or not string.find(v, '^%S+$') then error({err = 'RBINVAL id'}) end
   return v
 end
 local function rep(v)
@@ -175,11 +176,11 @@ local function open(cfg)
     cap = cjson.decode(v[1]).InFlight.get
     CAPS[v[1]] = cap
   end
-  local qu, rx, rc = struct.unpack(PCF, v[2])
+  local qu, rx, rc, lt, co, tl, ce = struct.unpack(PCF, v[2])
   if now < qu then error({err = 'quarantined'}) end
   if rc <= now then error({err = 'reclaim due'}) end
   if rx < now then error({err = 'config ttl due'}) end
-  return now, string.sub(cfg, 1, -4), cap
+  return now, string.sub(cfg, 1, -4), cap, ce
 end
 local function expat(now, idle)
   local t = now / 1000

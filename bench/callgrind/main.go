@@ -24,7 +24,8 @@
 // -probes counts pieces of the prelude and of a queueing acquire run
 // alone; -sketch, a contended admission of a leaner layout (sketch.go)
 // and one of today's layout with its Lua written flat (lean.go), and one
-// of layout 2's records with flat Lua (lean2.go);
+// of layout 2's records with flat Lua (lean2.go), and layout 3's (lean3.go,
+// with a cancel in the middle of a line counted too);
 // -ablate, what named helpers of lib.lua cost the contended and
 // uncontended workloads, all their calls together (ablate.go); -census,
 // how many C calls (redis.call, struct.unpack, tonumber, ...) each
@@ -65,7 +66,7 @@ func main() {
 	keep := flag.Bool("keep", false, "keep the callgrind output files (their paths are printed)")
 	probes := flag.Bool("probes", false, "also count pieces of the scripts' prelude, run alone")
 	flag.BoolVar(&verbose, "v", false, "print the commands each workload ran per operation (commandstats)")
-	sk := flag.Bool("sketch", false, "also count a contended admission of a sketched leaner layout (sketch.go), of today's layout with flat Lua (lean.go), and of layout 2 with flat Lua (lean2.go)")
+	sk := flag.Bool("sketch", false, "also count a contended admission of a sketched leaner layout (sketch.go), of today's layout with flat Lua (lean.go), of layout 2 with flat Lua (lean2.go), and of layout 3 (lean3.go)")
 	cen := flag.Bool("census", false, "also count the C calls (redis.call, struct.pack, tonumber, ...) the scripts make per operation of each workload, by name (see census.go)")
 	abl := flag.String("ablate", "", "comma-separated helpers of lib.lua (top-level local functions) whose cost to the contended and uncontended workloads to count, each by calling it twice (see ablate.go)")
 	flag.Parse()
@@ -237,7 +238,7 @@ func run(n, domains, ahead int, keep, probes, sk, cen bool, helpers []string) er
 			return fmt.Errorf("probes: %w", err)
 		}
 	}
-	var isk, iskb, ilean, ilean2 float64
+	var isk, iskb, ilean, ilean2, il3, il3z, il3jc, il3j float64
 	if sk {
 		if isk, err = sketch(ctx, c, ahead, false, counted); err != nil {
 			return fmt.Errorf("sketch: %w", err)
@@ -250,6 +251,15 @@ func run(n, domains, ahead int, keep, probes, sk, cen bool, helpers []string) er
 		}
 		if ilean2, err = lean2Admission(ctx, c, ahead, counted); err != nil {
 			return fmt.Errorf("sketch: layout 2's commands, lean Lua: %w", err)
+		}
+		if il3, err = lean3Admission(ctx, c, ahead, false, counted); err != nil {
+			return fmt.Errorf("sketch: layout 3, lean Lua: %w", err)
+		}
+		if il3z, err = lean3Admission(ctx, c, ahead, true, counted); err != nil {
+			return fmt.Errorf("sketch: layout 3 without its session cache, lean Lua: %w", err)
+		}
+		if il3jc, il3j, err = lean3Cancel(ctx, c, 64, counted); err != nil {
+			return fmt.Errorf("sketch: layout 3's cancel, lean Lua: %w", err)
 		}
 	}
 	if len(helpers) > 0 {
@@ -294,6 +304,7 @@ func run(n, domains, ahead int, keep, probes, sk, cen bool, helpers []string) er
 	fmt.Printf("  no-op EVALSHA: %.0f\n", in)
 	if sk {
 		printSketch(isk, iskb, ilean, ilean2, ic, ir)
+		printLean3(il3, il3z, il3jc, il3j, ic, ir)
 	}
 	return nil
 }

@@ -164,3 +164,10 @@ func printSketch(bare, books, lean, lean2, admission, gcra float64) {
 	fmt.Printf("  layout 2 (waiters in lx, liveness by session) with the Lua written flat (lean2.go): %.0f (%.2f Allows, %.0f%%)\n",
 		lean2, lean2/gcra, 100*lean2/admission)
 }
+
+func printLean3(l3, l3z, joinCancel, join, admission, gcra float64) {
+	fmt.Printf("  layout 3 (queue strings, liveness by session, leases by field) with the Lua written flat (lean3.go): %.0f (%.2f Allows, %.0f%%);\n",
+		l3, l3/gcra, 100*l3/admission)
+	fmt.Printf("    without its session cache: %.0f (%.2f Allows, %.0f%%); a cancel in the middle of a line of 64: %.0f (a join alone %.0f)\n",
+		l3z, l3z/gcra, 100*l3z/admission, joinCancel-join, join)
+}
