@@ -15,6 +15,7 @@ import (
 // The fourth yardstick (-sketch): layout 3, the sketch's records with the
 // bookkeeping a real version needs, in Lua as flat as lean.go's. Against
 // today's layout:
+//
 //   - a domain's queue is one string of fixed-width entries (W bytes: the
 //     arrival, a flag, class and body, the waiter's id, session and
 //     consumer), appended at a join and read from a head offset kept in
@@ -23,18 +24,22 @@ import (
 //     queues in one script, so that order is one total order over every
 //     queue without a ticket; the entry is the waiter's record, so there
 //     is no w: key, no wexp and no ZADD or ZREM;
+//
 //   - a join whose APPEND finds entries ahead (the string was longer than
 //     its own entry: a queue emptied is deleted) is blocked by FIFO and
 //     reads nothing else of the domain; only one alone in line loads it;
+//
 //   - a waiter's liveness is its session's, and the library keeps the
 //     deadlines of the sessions it read (a deadline only moves on, and a
 //     session ends before it only by an operator's drop, which changes a
 //     generation in pc that clears the cache), so the ZSCORE is sent only
 //     when the known deadline has passed;
+//
 //   - the leases of a session are one hash, lx:<session>, whose field names
 //     a lease by id, class and body, and domains: the retire's one HDEL
 //     finds, checks and drops it (no HGET of a record, no session set to
 //     keep: reclaim takes a dead session's fields a few at a time);
+//
 //   - a cancel finds its entry by binary search on the arrival its join
 //     returned (GETRANGEs of 8 bytes) and marks it, and the handoff skips
 //     marked entries and entries of dead sessions at the head.
