@@ -88,11 +88,10 @@ local function opened(cfg)
   if gen ~= GEN then SD, LT, GEN = {}, {}, gen end
   return now, p, cap
 end
-redis.register_function('lean3_join', function(KEYS, ARGV)
+local function join(KEYS, ARGV, now, p, cap)
   local id, sid = idok(ARGV[4]), rep(ARGV[6])
   local class, body, consumer = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
   local idle, enc = tonumber(ARGV[2]), rep(ARGV[12])
-  local now, p, cap = opened(KEYS[1])
   if not alive(p, sid, now) then return {'5'} end
   local q = p .. 'q:' .. enc
   local e = struct.pack(EF, now, 0, class, body, #id, id, #sid, sid, #consumer, consumer)
@@ -114,11 +113,10 @@ redis.register_function('lean3_join', function(KEYS, ARGV)
     redis.call('SETRANGE', dk, 176, struct.pack('>i8i8', 0, 0))
   end
   return {'2', now} -- an integer: exact as a reply
-end)
-redis.register_function('lean3_handoff', function(KEYS, ARGV)
+end
+local function handoff(KEYS, ARGV, now, p, cap)
   local lid, parts, lsid, cb, enc = idok(ARGV[4]), tonumber(ARGV[5]), rep(ARGV[6]), CBN[ARGV[7]], rep(ARGV[8])
   local idle = tonumber(ARGV[2])
-  local now, p, cap = opened(KEYS[1])
   -- The field names the lease: its one HDEL finds it, checks its class
   -- and domains, and drops it.
   if redis.call('HDEL', p .. 'lx:' .. lsid, lid .. '|' .. ARGV[7] .. '|' .. enc) == 0 then return {'1'} end
@@ -189,10 +187,9 @@ redis.register_function('lean3_handoff', function(KEYS, ARGV)
   redis.call('SETRANGE', dk, 176, struct.pack(HOT, qh, qt, ss, sa))
   if nxt then return {'1', nxt} end
   return {'1'}
-end)
-redis.register_function('lean3_cancel', function(KEYS, ARGV)
+end
+local function cancel(KEYS, ARGV, now, p, cap)
   local id, at, enc = idok(ARGV[4]), tonumber(ARGV[5]), rep(ARGV[8])
-  local now, p = opened(KEYS[1])
   local dk, q = p .. 'd:' .. enc, p .. 'q:' .. enc
   local qh, qt = struct.unpack('>i8i8', redis.call('GETRANGE', dk, 176, 191))
   local n = (redis.call('STRLEN', q) - qh) / W
@@ -220,6 +217,19 @@ redis.register_function('lean3_cancel', function(KEYS, ARGV)
     lo = lo + 1
   end
   return {'0'}
+end
+redis.register_function('lean3_join', function(KEYS, ARGV) return join(KEYS, ARGV, opened(KEYS[1])) end)
+redis.register_function('lean3_handoff', function(KEYS, ARGV) return handoff(KEYS, ARGV, opened(KEYS[1])) end)
+redis.register_function('lean3_cancel', function(KEYS, ARGV) return cancel(KEYS, ARGV, opened(KEYS[1])) end)
+-- A lane's release and its next acquire in one call, as group commit
+-- sends them: the handoff's arguments (4-8), then the join's own (9-17);
+-- the time and the limits are read once.
+redis.register_function('lean3_pair', function(KEYS, ARGV)
+  local now, p, cap = opened(KEYS[1])
+  local h = handoff(KEYS, ARGV, now, p, cap)
+  local a = {ARGV[1], ARGV[2], ARGV[3]}
+  for j = 9, #ARGV do a[#a + 1] = ARGV[j] end
+  return {h, join(KEYS, a, now, p, cap)}
 end)
 `
 
@@ -301,6 +311,48 @@ func (l *lean3) cancel(id, at string) error {
 		return fmt.Errorf("lean3 cancel of %s: %q, want cancelled", id, r)
 	}
 	return nil
+}
+
+// pair retires lease lid and queues waiter id in one call (lean3_pair).
+func (l *lean3) pair(lid, id string) error {
+	r, err := l.c.FCall(l.ctx, "lean3_pair", []string{l.cfg}, "PUBLISH", l.idle, "", lid, "3", l.session, "4", leanEnc,
+		id, "", l.session, "2", "0", "callgrind", strconv.Itoa(3600*1000), "1", leanEnc).Slice()
+	if err != nil {
+		return err
+	}
+	if len(r) != 2 {
+		return fmt.Errorf("lean3 pair: %v, want two replies", r)
+	}
+	if j, ok := r[1].([]any); !ok || len(j) != 2 || j[0] != "2" {
+		return fmt.Errorf("lean3 pair: the join answered %v, want queued", r[1])
+	}
+	return nil
+}
+
+// lean3Batched counts a contended admission of layout 3 sent as group
+// commit sends a lane's release and its next acquire: one call carrying
+// the handoff and then the join, on a line of ahead waiters.
+func lean3Batched(ctx context.Context, c *redis.Client, ahead int, counted func(string, int, func() error) (float64, error)) (float64, error) {
+	l, holder, err := newLean3(ctx, c, "cg-lean3-pair", false)
+	if err != nil {
+		return 0, err
+	}
+	var line []string
+	for range ahead {
+		id := uuid.NewString()
+		if _, err := l.join(id); err != nil {
+			return 0, err
+		}
+		line = append(line, id)
+	}
+	return counted("lean3-pair", 200, func() error {
+		id := uuid.NewString()
+		if err := l.pair(holder, id); err != nil {
+			return err
+		}
+		holder, line = line[0], append(line[1:], id)
+		return nil
+	})
 }
 
 // lean3Admission counts a contended admission of layout 3 in the setting

@@ -226,3 +226,38 @@ func TestLean3CancelIsPassed(t *testing.T) {
 		t.Errorf("the queue is still there (%d, %v) after its last waiter was granted", n, err)
 	}
 }
+
+// The batched workloads send a lane's release and its next acquire in one
+// call: today's through the library's batch function, layout 3's through
+// lean3_pair. Each must grant and queue as the unbatched line does (their
+// replies are checked on every call) and send one call per admission.
+func TestBatchedWorkloads(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Start(t).Client(t)
+	perOp := commandCounter(t, c)
+	for _, w := range []struct {
+		name string
+		run  func(counted func(string, int, func() error) (float64, error)) (float64, error)
+	}{
+		{"today", func(counted func(string, int, func() error) (float64, error)) (float64, error) {
+			return todayBatched(ctx, c, testStore(t, c, "batched-real"), 8, counted)
+		}},
+		{"lean3", func(counted func(string, int, func() error) (float64, error)) (float64, error) {
+			return lean3Batched(ctx, c, 8, counted)
+		}},
+	} {
+		var got map[string]float64
+		if _, err := w.run(func(name string, warm int, op func() error) (float64, error) {
+			got = perOp(name, 100, op)
+			return 0, nil
+		}); err != nil {
+			t.Fatalf("%s: %v", w.name, err)
+		}
+		if got["fcall"] != 1 {
+			t.Errorf("%s: %v calls per admission, want 1", w.name, got["fcall"])
+		}
+		if got["time"] != 1 {
+			t.Errorf("%s: TIME %v times per admission, want once for both operations", w.name, got["time"])
+		}
+	}
+}

@@ -25,7 +25,9 @@
 // alone; -sketch, a contended admission of a leaner layout (sketch.go)
 // and one of today's layout with its Lua written flat (lean.go), and one
 // of layout 2's records with flat Lua (lean2.go), and layout 3's (lean3.go,
-// with a cancel in the middle of a line counted too);
+// with a cancel in the middle of a line counted too), and today's scripts
+// and layout 3 with a release and the next acquire sent in one call, as
+// group commit sends them (batched.go);
 // -ablate, what named helpers of lib.lua cost the contended and
 // uncontended workloads, all their calls together (ablate.go); -census,
 // how many C calls (redis.call, struct.unpack, tonumber, ...) each
@@ -238,7 +240,7 @@ func run(n, domains, ahead int, keep, probes, sk, cen bool, helpers []string) er
 			return fmt.Errorf("probes: %w", err)
 		}
 	}
-	var isk, iskb, ilean, ilean2, il3, il3z, il3jc, il3j float64
+	var isk, iskb, ilean, ilean2, il3, il3z, il3jc, il3j, ibt, il3b float64
 	if sk {
 		if isk, err = sketch(ctx, c, ahead, false, counted); err != nil {
 			return fmt.Errorf("sketch: %w", err)
@@ -260,6 +262,16 @@ func run(n, domains, ahead int, keep, probes, sk, cen bool, helpers []string) er
 		}
 		if il3jc, il3j, err = lean3Cancel(ctx, c, 64, counted); err != nil {
 			return fmt.Errorf("sketch: layout 3's cancel, lean Lua: %w", err)
+		}
+		bs, err := newStore("cg-batched")
+		if err != nil {
+			return err
+		}
+		if ibt, err = todayBatched(ctx, c, bs, ahead, counted); err != nil {
+			return fmt.Errorf("sketch: today's scripts batched: %w", err)
+		}
+		if il3b, err = lean3Batched(ctx, c, ahead, counted); err != nil {
+			return fmt.Errorf("sketch: layout 3 batched: %w", err)
 		}
 	}
 	if len(helpers) > 0 {
@@ -305,6 +317,8 @@ func run(n, domains, ahead int, keep, probes, sk, cen bool, helpers []string) er
 	if sk {
 		printSketch(isk, iskb, ilean, ilean2, ic, ir)
 		printLean3(il3, il3z, il3jc, il3j, ic, ir)
+		fmt.Printf("  a release and the next acquire in one call, as group commit sends them: today's scripts %.0f (%.2f Allows), layout 3 %.0f (%.2f Allows, %.0f%% of today's)\n",
+			ibt, ibt/ir, il3b, il3b/ir, 100*il3b/ibt)
 	}
 	return nil
 }

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/runbudget/runbudget/luascripts"
+	"github.com/runbudget/runbudget/redisstore"
+)
+
+// The workloads above send one operation per call, but under contention
+// group commit sends a lane's release and its next acquire together, as
+// one call of the batch function, and the call's fixed cost (the FCALL,
+// the time, the limits) is paid once for both. todayBatched counts today's
+// scripts sent that way, so that a batched count of a yardstick
+// (lean3Batched) has today's to be read against.
+
+// fcallCapture keeps, while on, the arguments of the last FCALL of each
+// script the store sends (by the script's name, the function name's
+// suffix).
+type fcallCapture struct {
+	on   atomic.Bool
+	last map[string][]any
+}
+
+func (h *fcallCapture) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *fcallCapture) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *fcallCapture) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); h.on.Load() && len(a) > 2 && strings.EqualFold(fmt.Sprint(a[0]), "fcall") {
+			fn := fmt.Sprint(a[1])
+			h.last[fn[strings.LastIndex(fn, "_")+1:]] = append([]any(nil), a...)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// todayBatched builds a contended line of ahead waiters on s (which
+// must use c), captures the calls of one admission, and counts
+// admissions each sent as one batch: the holder's retire, which hands the
+// slot to the head, then a new waiter's acquire, which queues.
+func todayBatched(ctx context.Context, c *redis.Client, s *redisstore.Store, ahead int, counted func(string, int, func() error) (float64, error)) (float64, error) {
+	l, err := contendedLine(ctx, s, 1, ahead)
+	if err != nil {
+		return 0, err
+	}
+	h := &fcallCapture{last: map[string][]any{}}
+	c.AddHook(h)
+	h.on.Store(true)
+	err = l.admission()
+	h.on.Store(false)
+	if err != nil {
+		return 0, err
+	}
+	acq, ret := h.last["acquire"], h.last["retire"]
+	if acq == nil || ret == nil {
+		return 0, fmt.Errorf("an admission sent no acquire or no retire by FCALL (%d calls seen)", len(h.last))
+	}
+	// FCALL fn numkeys key ARGV...: one key, the config, in both.
+	if fmt.Sprint(acq[2]) != "1" || fmt.Sprint(ret[2]) != "1" || acq[3] != ret[3] {
+		return 0, fmt.Errorf("unexpected keys: acquire %v, retire %v", acq[2:4], ret[2:4])
+	}
+	_, _, fns := luascripts.Library()
+	racq, rret := acq[4:], ret[4:]
+	return counted("today-batched", 200, func() error {
+		id := uuid.NewString()
+		args := make([]any, 0, 4+len(rret)+len(racq))
+		args = append(args, "retire", len(rret))
+		args = append(args, rret...)
+		args[2+3] = l.holder // ARGV[4]: the lease id
+		args = append(args, "acquire", len(racq))
+		at := len(args)
+		args = append(args, racq...)
+		args[at+3] = id // ARGV[4]: the waiter id
+		r, err := c.FCall(ctx, fns[luascripts.Batch], []string{fmt.Sprint(acq[3])}, args...).Slice()
+		if err != nil {
+			return err
+		}
+		if len(r) != 2 {
+			return fmt.Errorf("batch: %v, want two replies", r)
+		}
+		rr, ok1 := r[0].([]any)
+		ar, ok2 := r[1].([]any)
+		if !ok1 || !ok2 || len(rr) == 0 || len(ar) == 0 || rr[0] != "1" || ar[0] != "2" {
+			return fmt.Errorf("batch: retire %v, acquire %v; want done and queued", r[0], r[1])
+		}
+		l.holder, l.waiters = l.waiters[0], append(l.waiters[1:], id)
+		return nil
+	})
+}
