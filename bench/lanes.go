@@ -201,6 +201,11 @@ func p3p4(ctx context.Context, e *env) error {
 	fDepth := e.figure(s, "p3.depth", "waiters in line (sampled)", "waiters", false)
 	fScriptTime := e.figure(s, "p3.scripttime", "Redis time in scripts (commandstats usec)", "%", false)
 	fCPU := e.figure(s, "p3.cpu", "redis-server CPU (INFO cpu)", "%", false)
+	// With every slot held, Little's law makes the rate slots over a slot's
+	// cycle (grant, wake, release, next grant), as it makes redis_rate's
+	// 64 goroutines 64 over their round trip: P3r is 0.125 x (that round
+	// trip / this cycle), whatever bounds either.
+	fCycle := e.figure(s, "p3.cycle", "a slot's cycle, grant to next grant (slots in use / admissions per second)", "µs", false)
 	err = e.rounds(ctx,
 		func(ctx context.Context) error {
 			w, err := e.window(ctx, noop, 64, "", 0)
@@ -221,6 +226,9 @@ func p3p4(ctx context.Context, e *env) error {
 			fScriptTime.add(Round{V: w.scriptBusy()})
 			fCPU.add(Round{V: w.cpu})
 			fRate.add(Round{V: w.rate(), N: int(w.done)})
+			if r := w.rate(); r > 0 {
+				fCycle.add(Round{V: 1e6 * w.busy / r})
+			}
 			fTrips.add(Round{V: float64(w.delta.scripts().Calls) / float64(w.done)})
 			fOps.add(Round{V: w.opsPer()})
 			return nil
