@@ -42,7 +42,7 @@ import (
 //
 //   - a cancel finds its entry by binary search on the arrival its join
 //     returned (GETRANGEs of 8 bytes) and marks it, and the handoff skips
-//     marked entries and entries of dead sessions at the head.
+//     marked entries and entries of dead sessions at the head;
 //
 //   - a domain's value is read by offset, only the fields a path uses, and
 //     written by SETRANGE, only what changed: a handoff to the retired
@@ -162,7 +162,10 @@ local function handoff(KEYS, ARGV, now, p, cap)
         k = k + 1
         if k < n then
           local nat, nfl, nc, nb, nid = struct.unpack(EF, e, k * W + 1)
-          if nfl == 0 and nc == wc and fc < cap then nxt = nid end
+          -- The next one's class count as it now stands.
+          local nf = fc
+          if nc == oc then nf = ocn elseif nc ~= ci then nf = struct.unpack('>i8', d, 129 + 8 * nc) end
+          if nfl == 0 and nf < cap then nxt = nid end
         end
         break
       end
