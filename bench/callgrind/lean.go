@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/hex"
+	"math"
 	"strconv"
 
 	"github.com/google/uuid"
@@ -133,7 +134,7 @@ func leanCount(ctx context.Context, c *redis.Client, lib, fn string, ahead int, 
 		return 0, err
 	}
 	const session, ch = "d4cad416-7373-4473-bd57-26fe73a94422.0", "d4cad416-7373-4473-bd57-26fe73a94422"
-	cfg, holder, err := leanKeys(ctx, c, "cg-"+fn, session)
+	cfg, holder, err := leanKeys(ctx, c, "cg-"+fn, session, 176)
 	if err != nil {
 		return 0, err
 	}
@@ -190,10 +191,11 @@ end
 
 // leanKeys writes, under a budget of its own named name, what today's
 // scripts would have left for a contended admission: the limits (one get
-// slot), the domain's packed counts (the slot held, its queue flagged),
-// the session live far ahead, and the holder's lease. It returns the
+// slot), the domain's packed counts in domBytes bytes (the slot held, its
+// queue flagged), the session live far ahead, and the holder's lease in
+// today's lx (which layout 3 does not read). It returns the
 // config's key and the holder's lease id.
-func leanKeys(ctx context.Context, c *redis.Client, name, session string) (cfg, holder string, err error) {
+func leanKeys(ctx context.Context, c *redis.Client, name, session string, domBytes int) (cfg, holder string, err error) {
 	cfg = "rb:{" + hex.EncodeToString([]byte(name)) + "}:cfg"
 	p := cfg[:len(cfg)-3]
 	far := int64(1) << 60
@@ -203,9 +205,12 @@ func leanKeys(ctx context.Context, c *redis.Client, name, session string) (cfg, 
 	if err := c.HSet(ctx, cfg, "json", `{"InFlight":{"get":1}}`, "pc", string(pc)).Err(); err != nil {
 		return "", "", err
 	}
-	dom := make([]byte, 176) // version 2, queue flag 1, class get (index 2) at 1
+	// Version 2, queue flag 1, its TTL (rx) far ahead, class get (index 2)
+	// at 1, and zeros past today's 176 bytes (layout 3's HOT block).
+	dom := make([]byte, domBytes)
 	binary.BigEndian.PutUint64(dom[0:], 2)
 	binary.BigEndian.PutUint64(dom[8:], 1)
+	binary.BigEndian.PutUint64(dom[64:], math.Float64bits(4e15))
 	binary.BigEndian.PutUint64(dom[16*8+2*8:], 1)
 	if err := c.Set(ctx, p+"d:"+leanEnc, dom, 0).Err(); err != nil {
 		return "", "", err

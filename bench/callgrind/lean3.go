@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/hex"
 	"fmt"
-	"math"
 	"strconv"
 
 	"github.com/google/uuid"
@@ -262,19 +260,11 @@ func newLean3(ctx context.Context, c *redis.Client, name string, nocache bool) (
 	if err := c.FCall(ctx, "lean3_mode", nil, mode).Err(); err != nil {
 		return nil, "", err
 	}
-	cfg, _, err := leanKeys(ctx, c, name, lean3Session)
+	cfg, _, err := leanKeys(ctx, c, name, lean3Session, 176+32) // today's fields, then HOT
 	if err != nil {
 		return nil, "", err
 	}
 	p := cfg[:len(cfg)-3]
-	dom := make([]byte, 208) // as leanKeys's, with its TTL far ahead, then HOT, zero
-	binary.BigEndian.PutUint64(dom[0:], 2)
-	binary.BigEndian.PutUint64(dom[8:], 1)
-	binary.BigEndian.PutUint64(dom[64:], math.Float64bits(4e15))
-	binary.BigEndian.PutUint64(dom[16*8+2*8:], 1)
-	if err := c.Set(ctx, p+"d:"+leanEnc, dom, 0).Err(); err != nil {
-		return nil, "", err
-	}
 	holder := uuid.NewString()
 	if err := c.HSet(ctx, p+"lx:"+lean3Session, holder+"|4|"+leanEnc, string(make([]byte, 8))).Err(); err != nil {
 		return nil, "", err
@@ -361,10 +351,7 @@ func lean3Batched(ctx context.Context, c *redis.Client, ahead int, counted func(
 // lean3Admission counts a contended admission of layout 3 in the setting
 // the other yardsticks use (one slot held, ahead waiters behind it).
 func lean3Admission(ctx context.Context, c *redis.Client, ahead int, nocache bool, counted func(string, int, func() error) (float64, error)) (float64, error) {
-	name := "cg-lean3"
-	if nocache {
-		name = "cg-lean3-z"
-	}
+	name := lean3Name(nocache)
 	l, holder, err := newLean3(ctx, c, name, nocache)
 	if err != nil {
 		return 0, err
@@ -417,6 +404,14 @@ func lean3Cancel(ctx context.Context, c *redis.Client, ahead int, counted func(s
 		return err
 	})
 	return joinCancel, join, err
+}
+
+// lean3Name names the budget of lean3Admission.
+func lean3Name(nocache bool) string {
+	if nocache {
+		return "cg-lean3-z"
+	}
+	return "cg-lean3"
 }
 
 // lean3Prefix is the key prefix of the yardstick's budget name.

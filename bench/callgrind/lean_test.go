@@ -168,11 +168,7 @@ func TestLean3SendsItsCommands(t *testing.T) {
 				t.Errorf("nocache %v: %s: none sent, want %v per admission", nocache, k, want[k])
 			}
 		}
-		name := "cg-lean3"
-		if nocache {
-			name = "cg-lean3-z"
-		}
-		p := lean3Prefix(name)
+		p := lean3Prefix(lean3Name(nocache))
 		if n, err := c.HLen(ctx, p+"lx:"+lean3Session).Result(); err != nil || n != 1 {
 			t.Errorf("nocache %v: the session holds %d leases (%v), want the one last granted", nocache, n, err)
 		}
