@@ -359,13 +359,9 @@ func runGroupCrash(t *testing.T, fullCoverage bool) {
 	if recovered {
 		recovery = first.Round(time.Millisecond).String()
 	}
-	// The bar assumes Redis promotes within the recovery time; on a loaded
-	// machine its own failover can take longer (3.0-3.4 s seen), and the
-	// budget's part is what follows the promotion: one quarantine and a
-	// little more (measured 0.6-0.7 s).
 	bar := crashBar
 	if !promoted.IsZero() {
-		bar = max(bar, promoted.Sub(killed)+crashTTL+500*time.Millisecond)
+		bar = crashBarFor(bar, promoted.Sub(killed))
 	}
 	figure(t, "cluster-require-full-coverage %s: %d groups on 3 masters (%d on the killed one, which also holds the group registry), %d hosts x %d lanes per group, ceiling %d, %v/s burst %d per domain, lease TTL %v; after kill -9: replica promoted %s; killed group first grant %s (bar %v; per host %s); surviving groups: longest gap in grants %v (bar %v; group %d; not counting %v this process stalled in it; the second before the kill: %v), %d grants on them while the killed group was out; leases lost: %d on the killed group; on the others %d by host 0 (which held a lease on the killed group at the kill), %d by host 1 (which did not); referee overshoot %d (for %v) over %d holds; %d lane errors",
 		coverage, len(keys), 1, size.hosts, size.lanes, size.ceiling, groupsLimits(0).RequestsPerSecond, groupsLimits(0).Burst, crashTTL,
