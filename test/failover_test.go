@@ -54,15 +54,15 @@ const (
 	crashHold = 5 * time.Millisecond
 )
 
-// crashBarFor is the first-grant bar of a crash whose replica was
-// promoted promoted after the kill (zero when it was not). The bar assumes
+// crashBarFor is the first-grant bar of a crash at killed whose replica was
+// promoted at promoted (zero when it was not). bar assumes
 // Redis promotes within the recovery time; on a loaded machine its own
 // failure detection and election can take longer (2.99-3.4 s seen, the
 // plain go-redis baseline as late), and what the budget answers for is
 // what follows the promotion.
-func crashBarFor(bar, promoted time.Duration) time.Duration {
-	if promoted > 0 {
-		bar = max(bar, promoted+crashLate)
+func crashBarFor(bar time.Duration, killed, promoted time.Time) time.Duration {
+	if !promoted.IsZero() {
+		bar = max(bar, promoted.Sub(killed)+crashLate)
 	}
 	return bar
 }
@@ -407,10 +407,7 @@ func runMasterCrash(t *testing.T, rig crashRig, size crashSize) {
 			quarantine += ", extended by re-assertions to " + since(qLast)
 		}
 	}
-	bar := rig.bar
-	if !promoted.IsZero() {
-		bar = crashBarFor(rig.bar, promoted.Sub(killed))
-	}
+	bar := crashBarFor(rig.bar, killed, promoted)
 	firstGrant := after(first, granted)
 	if granted && !promoted.IsZero() {
 		firstGrant += ", " + (first - promoted.Sub(killed)).Round(time.Millisecond).String() + " after the promotion"

@@ -359,10 +359,7 @@ func runGroupCrash(t *testing.T, fullCoverage bool) {
 	if recovered {
 		recovery = first.Round(time.Millisecond).String()
 	}
-	bar := crashBar
-	if !promoted.IsZero() {
-		bar = crashBarFor(bar, promoted.Sub(killed))
-	}
+	bar := crashBarFor(crashBar, killed, promoted)
 	figure(t, "cluster-require-full-coverage %s: %d groups on 3 masters (%d on the killed one, which also holds the group registry), %d hosts x %d lanes per group, ceiling %d, %v/s burst %d per domain, lease TTL %v; after kill -9: replica promoted %s; killed group first grant %s (bar %v; per host %s); surviving groups: longest gap in grants %v (bar %v; group %d; not counting %v this process stalled in it; the second before the kill: %v), %d grants on them while the killed group was out; leases lost: %d on the killed group; on the others %d by host 0 (which held a lease on the killed group at the kill), %d by host 1 (which did not); referee overshoot %d (for %v) over %d holds; %d lane errors",
 		coverage, len(keys), 1, size.hosts, size.lanes, size.ceiling, groupsLimits(0).RequestsPerSecond, groupsLimits(0).Burst, crashTTL,
 		since(promoted), recovery, bar, strings.Join(perHost, ", "), worst.Round(time.Millisecond), gapBar, worstGroup, worstStalled.Round(time.Millisecond),
