@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/runbudget/runbudget/budget"
 )
@@ -46,12 +48,14 @@ func (w windowResult) scriptBusy() float64 {
 
 // window runs total lanes spread over the crew, lets them settle, then
 // counts what they do for one window. prefix, when set, is the key prefix
-// of the crew's budget: the sizes of its waiter and lease sets are sampled
-// during the window (ZCARD and HLEN, whose calls are then taken out of the counts),
+// of the crew's budget: the sizes of its waiter set and lease hashes are
+// sampled during the window (ZCARD, and HGET, ZRANGE and an HLEN per
+// session: heldLeases; those calls are then taken out of the counts),
 // and before the window opens the waiters are awaited until there are
 // wantDepth of them.
 func (e *env) window(ctx context.Context, c crew, total int, prefix string, wantDepth int) (windowResult, error) {
-	waiters, leases := prefix+"wexp", prefix+"lx"
+	waiters := prefix + "wexp"
+	own := map[string]int64{} // the samples' own commands, by name
 	var res windowResult
 	for i, w := range c {
 		lanes := total / len(c)
@@ -105,7 +109,8 @@ func (e *env) window(ctx context.Context, c crew, total int, prefix string, want
 				tick.Stop()
 				return res, err
 			}
-			l, err := e.admin.HLen(ctx, leases).Result()
+			own["zcard"]++
+			l, err := heldLeases(ctx, e.admin, prefix, own)
 			if err != nil {
 				tick.Stop()
 				return res, err
@@ -138,13 +143,11 @@ func (e *env) window(ctx context.Context, c crew, total int, prefix string, want
 	res.elapsed = t1.Sub(t0)
 	res.delta = s1.since(s0)
 	// The samples' own commands are not the crew's.
-	if z, ok := res.delta["zcard"]; ok {
-		z.Calls -= int64(len(depths))
-		res.delta["zcard"] = z
-	}
-	if h, ok := res.delta["hlen"]; ok {
-		h.Calls -= int64(len(busy))
-		res.delta["hlen"] = h
+	for name, n := range own {
+		if z, ok := res.delta[name]; ok {
+			z.Calls -= n
+			res.delta[name] = z
+		}
 	}
 	res.depth, res.busy = median(depths), median(busy)
 	res.cpu = 100 * (cpu1 - cpu0) / res.elapsed.Seconds()
@@ -308,4 +311,39 @@ func p3p4(ctx context.Context, e *env) error {
 	e.target(perRound("P4b", "flat: script operations per admission, most / least over "+ds+" (+8) lanes", "x", "<=", 1.25, flatScripts))
 	e.target(perRound("P4c", "flat: Redis commands per admission, most / least over "+ds+" (+8) lanes", "x", "<=", 1.25, flatCmds))
 	return nil
+}
+
+// heldLeases counts the leases of the budget under prefix: each session
+// keeps its own in a hash, lx:<ce>:<sid>, with one field that is no lease
+// (lib.lua, lxkey and lease_put). It counts the commands it sends in own.
+func heldLeases(ctx context.Context, c redis.UniversalClient, prefix string, own map[string]int64) (int64, error) {
+	ce, err := c.HGet(ctx, prefix+"cfg", "ce").Result()
+	own["hget"]++
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return 0, err
+	}
+	if ce == "" {
+		ce = "0"
+	}
+	sids, err := c.ZRange(ctx, prefix+"sexp", 0, -1).Result()
+	own["zrange"]++
+	if err != nil {
+		return 0, err
+	}
+	pipe := c.Pipeline()
+	lens := make([]*redis.IntCmd, len(sids))
+	for i, sid := range sids {
+		lens[i] = pipe.HLen(ctx, prefix+"lx:"+ce+":"+sid)
+	}
+	own["hlen"] += int64(len(sids))
+	if len(sids) > 0 {
+		if _, err := pipe.Exec(ctx); err != nil {
+			return 0, err
+		}
+	}
+	var n int64
+	for _, l := range lens {
+		n += max(l.Val()-1, 0)
+	}
+	return n, nil
 }

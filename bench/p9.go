@@ -511,12 +511,13 @@ func p9NewWindow(r *p9Run, domains int, m0, m1 map[string]int64, s0, s1 []p9Snap
 // p9Census is the budget's keys at one moment, by kind.
 type p9Census struct {
 	bytes, keys                        map[string]int64 // by kind
-	waiters, queued, leases, sessions  int64            // ZCARD wexp, ZCARD q:*, HLEN lx, ZCARD sexp, summed over groups
-	sessionSets, sessionLeases, groups int64            // sl:* sets, their members, config keys
+	waiters, queued, leases, sessions  int64            // ZCARD wexp, ZCARD q:*, leases in lx:*, ZCARD sexp, summed over groups
+	sessionSets, sessionLeases, groups int64            // the sessions' lease hashes lx:*, their leases, config keys
 }
 
 // p9Kind sorts a budget key by what it holds (see lib.lua's key layout):
-// waiter (w:*, wexp, q:*), lease (lx, sl:*), session (sexp, sd:*, sgone)
+// waiter (w:*, wexp, q:*), lease (lx:<ce>:<sid>, a session's leases),
+// session (sexp, sd:*, sgone)
 // or other (cfg, d:*, doms, the registry).
 func p9Kind(key string) string {
 	_, rest, ok := strings.Cut(key, "}:")
@@ -526,7 +527,7 @@ func p9Kind(key string) string {
 	switch {
 	case strings.HasPrefix(rest, "w:"), rest == "wexp", strings.HasPrefix(rest, "q:"):
 		return "waiter"
-	case rest == "lx", strings.HasPrefix(rest, "sl:"):
+	case strings.HasPrefix(rest, "lx:"):
 		return "lease"
 	case rest == "sexp", rest == "sgone", strings.HasPrefix(rest, "sd:"):
 		return "session"
@@ -556,10 +557,8 @@ func p9Count(ctx context.Context, r *p9Run) (p9Census, error) {
 					switch {
 					case rest == "wexp", rest == "sexp", strings.HasPrefix(rest, "q:"):
 						size[i] = pipe.ZCard(ctx, k)
-					case rest == "lx":
+					case strings.HasPrefix(rest, "lx:"):
 						size[i] = pipe.HLen(ctx, k)
-					case strings.HasPrefix(rest, "sl:"):
-						size[i] = pipe.SCard(ctx, k)
 					}
 				}
 				if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
@@ -585,11 +584,11 @@ func p9Count(ctx context.Context, r *p9Run) (p9Census, error) {
 						cen.sessions += sz
 					case strings.HasPrefix(rest, "q:"):
 						cen.queued += sz
-					case rest == "lx":
-						cen.leases += sz
-					case strings.HasPrefix(rest, "sl:"):
+					case strings.HasPrefix(rest, "lx:"):
+						// One field of each is no lease (lib.lua, lease_put).
+						cen.leases += max(sz-1, 0)
 						cen.sessionSets++
-						cen.sessionLeases += sz
+						cen.sessionLeases += max(sz-1, 0)
 					case rest == "cfg":
 						cen.groups++
 					}
@@ -831,7 +830,7 @@ func (e *env) p9Figures(sec string, r *p9Run, c p9Config, hosts int, ws []p9Wind
 	const steadyNote = "steady point"
 	once("conns_idle", "connections held by the hosts before their lanes started", "conns", float64(clientsIdle), "measured once")
 	once("waiters", "waiters queued in Redis (ZCARD wexp, summed over groups)", "", float64(cen.waiters), steadyNote)
-	once("leases", "leases held in Redis (HLEN lx, summed over groups)", "", float64(cen.leases), steadyNote)
+	once("leases", "leases held in Redis (the sessions' lease hashes lx:*, summed over groups)", "", float64(cen.leases), steadyNote)
 	once("sessions", "sessions in Redis (ZCARD sexp, summed over groups)", "", float64(cen.sessions), steadyNote)
 	once("mem_used_mb", "Redis used_memory, growth since before the hosts (summed)", "MB", float64(usedDelta)/1e6, steadyNote)
 	once("mem_clients_mb", "of which client connections (mem_clients_normal)", "MB", float64(clientsMemDelta)/1e6, steadyNote)
@@ -840,7 +839,7 @@ func (e *env) p9Figures(sec string, r *p9Run, c p9Config, hosts int, ws []p9Wind
 		float64(usedDelta-clientsMemDelta)/float64(max(cen.waiters, 1)), steadyNote)
 	once("mem_per_conn", "connection memory per connection (mem_clients_normal)", "bytes", float64(clientsMemDelta)/float64(max(connsSteady, 1)), steadyNote)
 	once("mem_waiter", "key memory per waiter (w:*, wexp, q:*; MEMORY USAGE)", "bytes", float64(cen.bytes["waiter"])/float64(max(cen.waiters, 1)), steadyNote)
-	once("mem_lease", "key memory per lease (lx, and the session sets sl:*)", "bytes", float64(cen.bytes["lease"])/float64(max(cen.leases, 1)), steadyNote)
+	once("mem_lease", "key memory per lease (the sessions' lease hashes lx:*)", "bytes", float64(cen.bytes["lease"])/float64(max(cen.leases, 1)), steadyNote)
 	once("mem_session", "key memory per session (sexp, sd:*, sgone)", "bytes", float64(cen.bytes["session"])/float64(max(cen.sessions, 1)), steadyNote)
 	var keyBytes int64
 	for _, b := range cen.bytes {

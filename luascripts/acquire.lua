@@ -14,6 +14,9 @@
 -- ARGV[10] lease and waiter TTL, ms (a new session's too)
 -- ARGV[11] number of domains n, then ARGV[12..11+n] domain encodings
 --          (sorted, distinct)
+-- ARGV[12+n] the session the waiter's previous call named (ARGV[6] again
+--          on its first): a grant made into that one, by a handoff or a
+--          call whose reply was lost, is found there
 -- Every call looks for a lease and a waiter of its own id, even the first
 -- the client sends: go-redis resends a call whose reply timed out, and a
 -- call that skipped the look would grant the same id twice (fault 12).
@@ -42,7 +45,8 @@ local body = int(ARGV[8], 'body flag', 0, 1, true)
 local consumer = ARGV[9]
 local ttl = int(ARGV[10], 'lease ttl', 1, 86400000, true) * 1000
 local n = int(ARGV[11], 'domain count', 1, 10000, true)
-if #ARGV ~= 11 + n then bad('domain count does not match the arguments') end
+if #ARGV ~= 12 + n then bad('domain count does not match the arguments') end
+local psid = id_arg(ARGV[12 + n], 'previous session id', true)
 local encs
 if n == 1 then
   encs = split_encs(enc_arg(ARGV[12])) -- a list a library keeps (no comma in an encoding)
@@ -67,19 +71,19 @@ if now < lim.qu then
   return done({R_DELAYED, I(lim.qu - now)})
 end
 
-local rec = redis.call('HGET', KLX, id)
+local rec, lsid = redis.call('HGET', lxkey(sid), id), sid
+if not rec and psid ~= sid then rec, lsid = redis.call('HGET', lxkey(psid), id), psid end
 local l = rec and lease_unpack(rec)
 if l then
   -- A retried call, or a handoff: the grant stands, and is not made twice.
   local left = session(sid, ttl, now)
   if not left then return done({R_SESSION_GONE}) end
-  if l.sid ~= sid then
+  if lsid ~= sid then
     -- Granted in an earlier session of this process, which it gave up
     -- while the grant's reply was on its way: nobody has held the lease
     -- yet, and its slots still count, so it moves to the session named.
-    redis.call('SREM', P .. 'sl:' .. l.sid, id)
-    redis.call('HSET', KLX, id, lease_pack(l.hr, l.hb, l.c, l.g, sid, l.ds, l.cs))
-    join(sid, id)
+    redis.call('HDEL', lxkey(lsid), id)
+    lease_put(sid, id, lease_pack(l.hr, l.hb, l.c, l.g, sid, l.ds, l.cs))
   end
   return done({R_GRANTED, I(math.max(0, now - l.g, ttl - left))})
 end
@@ -101,7 +105,7 @@ if not w and n == 1 and QH[P .. 'd:' .. encs[1]] then
     redis.call('ZADD', q, I(ticket), id)
     if NEXT then NEXT[q] = nil end
     wsave(id, wrec(ticket, class, body, now, ttl, ch, sid, encs[1], consumer))
-    deadline(KWEXP, now + ttl, id) -- wexp holds the head's: no TTL to set
+    deadline(K.wexp, now + ttl, id) -- wexp holds the head's: no TTL to set
     return done(REPLY_QUEUED)
   end
 end
@@ -170,8 +174,8 @@ end
 -- with the config's (touch_cfg), and set here only where this ZADD may
 -- have made the key: a waiter already queued has its entry there, and so
 -- has the head of a queue found.
-deadline(KWEXP, now + ttl, id)
-if joined and not hq then expire(KWEXP, IDLE) end
+deadline(K.wexp, now + ttl, id)
+if joined and not hq then expire(K.wexp, IDLE) end
 
 for i = 1, n do
   local d = doms[i]

@@ -20,15 +20,17 @@ if not lim then return {R_UNREGISTERED} end
 touch_cfg(now)
 reclaim(now)
 local n = 0
-local leases = redis.call('HGETALL', P .. 'lx')
-for i = 1, #leases, 2 do
-  local l = lease_unpack(leases[i + 1])
-  if l and (all == 1 or l.cs == consumer) then
-    retire(leases[i], 1, 1)
-    local sd = P .. 'sd:' .. l.sid
-    redis.call('SADD', sd, leases[i])
-    expire(sd, IDLE)
-    n = n + 1
+for _, sid in ipairs(redis.call('ZRANGE', P .. 'sexp', 0, -1)) do
+  local leases = redis.call('HGETALL', lxkey(sid))
+  for i = 1, #leases, 2 do
+    local l = leases[i] ~= '' and lease_unpack(leases[i + 1]) -- '': lib.lua, lease_put
+    if l and (all == 1 or l.cs == consumer) then
+      retire(leases[i], sid, 1, 1, leases[i + 1])
+      local sd = P .. 'sd:' .. sid
+      redis.call('SADD', sd, leases[i])
+      expire(sd, IDLE)
+      n = n + 1
+    end
   end
 end
 return done({R_OK, I(n)})

@@ -13,13 +13,14 @@
 -- ARGV[7]  number of domain encodings m, then ARGV[8..7+m] the encodings
 --          of domains the session's leases count in whose hashes must
 --          outlive them (the host lists each once per quarter idle TTL)
--- ARGV[8+m] number of ids k, then ARGV[9+m..8+m+k] ids of leases or
---          waiters this process is done with: a lease it stopped renewing,
---          a cancellation that failed, a dropped lease it has heard of.
---          Each is cancelled (as cancel.lua does) and taken off the
+-- ARGV[8+m] number k of ids, then ARGV[9+m..8+m+2k] k pairs: the id of a
+--          lease or waiter this process is done with (a lease it stopped
+--          renewing, a cancellation that failed, a dropped lease it has
+--          heard of) and a session a grant under it may be in. Each is
+--          cancelled there (as cancel.lua does) and taken off the
 --          session's dropped set; for one already gone that changes
---          nothing.
--- ARGV[9+m+k] the epoch this host knows
+--          nothing. An id may come with several sessions.
+-- ARGV[9+m+2k] the epoch this host knows
 -- Returns {R_UNREGISTERED} when the budget's config is gone,
 -- {R_NEW_EPOCH, epoch} when the epoch differs (the host must re-assert its
 -- leases first), {R_SESSION_GONE} when the session is dead (expired, or
@@ -38,11 +39,14 @@ local sid = id_arg(ARGV[5], 'session id')
 local renew = int(ARGV[6], 'renew flag', 0, 1)
 local m = int(ARGV[7], 'domain count', 0, 1000000)
 local k = int(ARGV[8 + m] or '', 'id count', 0, 1000000)
-if #ARGV ~= 9 + m + k then bad('counts do not match the arguments') end
-local encs, done_ids = {}, {}
+if #ARGV ~= 9 + m + 2 * k then bad('counts do not match the arguments') end
+local encs, done_ids, done_sids = {}, {}, {}
 for i = 8, 7 + m do encs[#encs + 1] = enc_arg(ARGV[i]) end
-for i = 9 + m, 8 + m + k do done_ids[#done_ids + 1] = id_arg(ARGV[i], 'id') end
-local known = ARGV[9 + m + k]
+for i = 9 + m, 7 + m + 2 * k, 2 do
+  done_ids[#done_ids + 1] = id_arg(ARGV[i], 'id')
+  done_sids[#done_sids + 1] = id_arg(ARGV[i + 1], 'session id', true)
+end
+local known = ARGV[9 + m + 2 * k]
 
 local now = clock()
 local epoch = redis.call('HGET', CFG, 'epoch')
@@ -53,9 +57,9 @@ touch_cfg(now)
 reclaim(now)
 local sd = P .. 'sd:' .. sid
 if #done_ids > 0 then
-  for _, id in ipairs(done_ids) do
+  for i, id in ipairs(done_ids) do
     remove_waiter(id)
-    retire(id, 1, 1)
+    retire(id, done_sids[i], 1, 1)
   end
   for first = 1, #done_ids, 1000 do
     redis.call('SREM', sd, unpack(done_ids, first, math.min(first + 999, #done_ids)))
@@ -69,8 +73,7 @@ redis.call('ZADD', sexp, I(now + ttl), sid)
 lower_rc(now + ttl)
 if renew == 1 then
   expire(sexp, IDLE)
-  expire(P .. 'sl:' .. sid, IDLE)
-  expire(P .. 'lx', IDLE)
+  expire(lxkey(sid), IDLE)
 end
 for _, enc in ipairs(encs) do
   local dk = P .. 'd:' .. enc

@@ -48,10 +48,11 @@ local listed = 0
 local ss = redis.call('ZRANGE', P .. 'sexp', 0, -1, 'WITHSCORES')
 for i = 1, #ss, 2 do
   if listed >= most then break end
-  for _, lid in ipairs(redis.call('SMEMBERS', P .. 'sl:' .. ss[i])) do
+  local kv = redis.call('HGETALL', lxkey(ss[i]))
+  for j = 1, #kv, 2 do
     if listed >= most then break end
-    local v = lid ~= '' and redis.call('HGET', P .. 'lx', lid) -- '': the set's own member (lib.lua, join)
-    local l = v and lease_unpack(v)
+    local lid = kv[j]
+    local l = lid ~= '' and lease_unpack(kv[j + 1]) -- '': the key's own field (lib.lua, lease_put)
     if l then
       listed = listed + 1
       out.leases[#out.leases + 1] = {id = lid, ds = (string.gsub(l.ds, ',', ' ')), c = I(l.c),

@@ -37,7 +37,7 @@
 --                time it read, and its offset from Redis TIME, us), tl (the
 --                longest lease TTL registered, us), ce (the epoch the
 --                domains' counts must be of), ly (the layout of the
---                budget's keys, absent for 1: see LAYOUT)
+--                budget's keys, absent for 1: see LAYOUT; this build's is 2)
 --   d:<enc>      string: one domain's counts, bucket, throttle, start rate,
 --                ep (the epoch of its counts), rx (when its TTL runs out,
 --                by Redis TIME, us) and whether its queue may hold
@@ -57,10 +57,12 @@
 --                the waiter's latest acquire call, or after the latest
 --                renew call of its process that found it still queued
 --                (renew.lua); one that has passed is never renewed
---   lx           hash: every lease, id -> packed record (see lease_pack)
+--   lx:<ce>:<sid>  hash: the leases of session sid, id -> packed record
+--                (see lease_pack), and an empty field made with the key
+--                (grant); <ce> is the config's ce in decimal, so a new
+--                epoch that wipes the counts leaves every record of the
+--                old one behind unread, to expire (see lxkey)
 --   sexp         zset: session id -> deadline (us)
---   sl:<sid>     set: the ids of session sid's leases, and an empty member
---                (join)
 --   sd:<sid>     set: ids of session sid's leases that an operator dropped,
 --                until its holder's heartbeat has acknowledged them
 --   sgone        zset: session id -> when reclaim ended it (us), for an
@@ -123,7 +125,7 @@
 -- of one, on every admission. So TTLs of the config and domain keys are
 -- renewed only when half spent (their rx field says when they run out),
 -- and the keys that live beside them with them (a queue with its domain,
--- wexp, lx and sexp with the config, a session's set by its heartbeats),
+-- wexp and sexp with the config, a session's leases by its heartbeats),
 -- reclaim scans only when a deadline may have passed (rc), a domain is one
 -- value read with one GET and written only when it changed, a queue is
 -- looked at only when its domain says it may hold waiters, a waiter that
@@ -158,7 +160,7 @@ local REPLY_OK, REPLY_QUEUED = {R_OK}, {R_QUEUED}
 
 -- Per-call state, set by begin.
 local CFG, P, PUB, IDLE -- config key, key prefix, publish command, idle TTL (ms)
-local KLX, KSEXP, KWEXP  -- the prefix's keys lx, sexp and wexp (built once in a library)
+local K                -- the prefix's busiest keys (sexp, wexp; lxkey's too), built once in a library
 local NOW, LIM, CANDS   -- the call's group time, limits, handoff candidates
 local PENDING           -- the candidates not yet tried, as a set
 local HEADS             -- queue key -> its head as this call knows it (false: empty)
@@ -173,7 +175,6 @@ local DC                -- domains loaded by this call, by encoding
 local STRUCT            -- the struct library, nil where there is none
 local NWREC, NLREC      -- waiter and lease records unpacked so far (REUSE)
 local EXPMS, EXPS       -- the last TTL a key was renewed for, and its PXAT argument (expiry_arg)
-local LXDEL             -- a lease retired whose field of lx is deleted when the call ends (retire)
 
 -- Record tables (waiters', leases') are reused, as domain tables are
 -- (DPOOL, below), but by position: the n-th record a call unpacks fills
@@ -325,19 +326,19 @@ local function begin(keys, argv, keep)
   if not k then
     if type(CFG) ~= 'string' or string.sub(CFG, -4) ~= ':cfg' then bad('KEYS[1] must be a config key') end
     local p = string.sub(CFG, 1, -4)
-    k = {p = p, lx = p .. 'lx', sexp = p .. 'sexp', wexp = p .. 'wexp'}
+    k = {p = p, sexp = p .. 'sexp', wexp = p .. 'wexp', ce = false, lx = false}
     if IN_LIBRARY then
       if NPFX >= PASSED_MAX then PFX, NPFX = {}, 0 end
       PFX[CFG], NPFX = k, NPFX + 1
     end
   end
-  P, KLX, KSEXP, KWEXP = k.p, k.lx, k.sexp, k.wexp
+  P, K = k.p, k
   PUB = argv[1]
   if PUB ~= 'PUBLISH' and PUB ~= 'SPUBLISH' then
     bad('publish command must be PUBLISH or SPUBLISH')
   end
   IDLE = int(argv[2], 'idle ttl', 1000, 86400000 * 30, true)
-  CANDS, PENDING, HEADS, NEXT, LATE, WC, LXDEL = nil, nil, {}, nil, nil, {}, nil
+  CANDS, PENDING, HEADS, NEXT, LATE, WC = nil, nil, {}, nil, nil, {}
   NWREC, NLREC = 0, 0
   -- rawget: miniredis has no struct, and refuses a read of a missing global.
   -- In a library, once found it stays.
@@ -466,11 +467,21 @@ local LIMITF_ALL = concat(concat(LIMITF, CALLF_RID), {'ly'})
 -- budget to a newer layout must write ly in the same HSET as the limits'
 -- JSON with its bytes changed (the same limits, say, with a field added),
 -- or a library of this build that has the old JSON cached goes on.
-local LAYOUT = 1
+--
+-- Layout 2 (this build's) keeps a session's leases in a hash of their own
+-- (lxkey) where layout 1 kept every lease in one hash, lx, and each
+-- session's lease ids in a set, sl:<sid>. A build of layout 2 converts a
+-- budget it finds in layout 1 (convert_layout) before its first call does
+-- anything else, and hosts of the older build then step aside.
+local LAYOUT = 2
+local convert_layout -- defined with the lease records it moves
+-- check_layout returns true for a budget kept in layout 1, which the
+-- caller converts, and fails for one newer than this build's.
 local function check_layout(ly)
-  if not ly or ly == '1' then return end
+  if not ly then return true end
+  if ly == '2' then return false end
   local n = tonumber(ly)
-  if n and n == n and n <= LAYOUT then return end
+  if n and n == n and n <= LAYOUT then return n < LAYOUT end
   -- A string, not an error table: miniredis's Lua shows a table as its
   -- address. redisstore finds the code in either form of the reply.
   error('RBLAYOUT budget layout ' .. string.sub(ly, 1, 20) .. ' is newer than this build reads (' .. LAYOUT .. ')', 0)
@@ -513,7 +524,10 @@ local function limits()
     local c = LCACHE[CFG]
     if not c or c.json ~= v[1] then
       local f = redis.call('HMGET', CFG, unpack(LIMITF_LY))
-      check_layout(f[#LIMITF_LY])
+      if check_layout(f[#LIMITF_LY]) then
+        convert_layout(v[1])
+        return limits()
+      end
       if not f[1] then
         return nil
       end
@@ -554,7 +568,10 @@ local function limits()
     return per_call(setmetatable({}, c.mt), redis.call('HMGET', CFG, unpack(CALLF_RID)), 0)
   end
   local v = redis.call('HMGET', CFG, unpack(LIMITF_ALL))
-  check_layout(v[#LIMITF_ALL])
+  if check_layout(v[#LIMITF_ALL]) and v[1] then
+    convert_layout(redis.call('HGET', CFG, 'json'))
+    return limits()
+  end
   if not v[1] then
     return nil
   end
@@ -936,9 +953,26 @@ local function qexpire(d)
   redis.call('PEXPIREAT', d.q, I(expiry(ms - ms % 1 + 1000)))
 end
 
+-- The key of session sid's leases. Its name holds the config's ce, the
+-- epoch the domains' counts are of (Clock jumps), so a new epoch that
+-- wipes the counts (a rebuild, or a config made anew after a loss) puts
+-- every record of the old one out of reach at once, wherever it survived:
+-- a retirement or a look for a lease finds nothing there, re-assertion
+-- counts each lease once, and the keys left behind expire with their TTL.
+-- The prefix for the config's ce is kept with its keys (K), formatted once
+-- in a library.
+local function lxkey(sid)
+  local lim, k = lims(), K
+  local ce = lim and lim.ce or 0
+  if k.ce ~= ce then k.ce, k.lx = ce, k.p .. 'lx:' .. I(ce) .. ':' end
+  return k.lx .. sid
+end
+
 -- Renews the config hash's TTL when half of it is spent, and with it those
--- of the lease records, sessions, domain list and waiters' deadlines (a
--- waiter that joins behind another renews none: see acquire). While the
+-- of the sessions, their leases, the domain list and the waiters'
+-- deadlines (a waiter that joins behind another renews none: see acquire;
+-- a session's heartbeats renew its leases too). Once per half an idle TTL,
+-- a command per session. While the
 -- config lives, they do, so a config that outlived a clock jump vouches
 -- for them (Clock jumps). Key TTLs run on Redis TIME, not the group clock. A call that
 -- found TIME gone back leaves it to the next call, which surely started
@@ -954,7 +988,8 @@ local function touch_cfg()
   if lim.rx < raw + IDLE * 500 then
     cfg_put('rx', raw + IDLE * 1000)
     expire(CFG, IDLE)
-    for _, k in ipairs({'lx', 'sexp', 'doms', 'wexp'}) do expire(P .. k, IDLE) end
+    for _, k in ipairs({'sexp', 'doms', 'wexp'}) do expire(P .. k, IDLE) end
+    for _, sid in ipairs(redis.call('ZRANGE', K.sexp, 0, -1)) do expire(lxkey(sid), IDLE) end
   end
 end
 
@@ -971,11 +1006,14 @@ local function deadline(z, at, id)
   lower_rc(at)
 end
 
--- A lease is one field of lx: its id -> its record, of hr and hb (1 while
--- its request slot and its body slot are held), its class, the grant's
--- time (us), its session sid, its domain encodings joined by commas, and
--- its consumer (any bytes). One field instead of a hash per lease: the
--- leases of a group share one key, so one PEXPIRE keeps them all. Where
+-- A lease is one field of its session's hash (lxkey): its id -> its
+-- record, of hr and hb (1 while its request slot and its body slot are
+-- held), its class, the grant's time (us), its session sid, its domain
+-- encodings joined by commas, and its consumer (any bytes). The leases of
+-- a session share one key, so one PEXPIRE by its heartbeat keeps them all,
+-- a grant writes one field (no set of the session's leases to keep beside
+-- it), a retirement reads and deletes one, and reclaim reads a dead
+-- session's records straight from its hash. Where
 -- the struct library is, the record is binary (LFMT: a version byte, hr,
 -- hb and the class as bytes, the time as a word, then the three strings
 -- each after its length), as a waiter's is (wpack); else it is the text
@@ -1018,6 +1056,58 @@ local function lease_unpack(v)
   return {hr = tonumber(hr), hb = tonumber(hb), c = tonumber(c), g = tonumber(g), sid = sid, ds = ds, cs = cs}
 end
 
+-- Writes lease id's record v in session sid. The empty field (no id is
+-- empty) goes with every write, so HSET's reply counts 2 only when this
+-- write made the key, and only then is its TTL set here: the session's
+-- heartbeats renew it from then on. So the key of a live session outlives
+-- its last lease, holding the empty field alone, until the session ends
+-- (end_session deletes it) or its TTL runs out. A call that found TIME
+-- gone back renews it too, with the step (expire): keys renewed before
+-- the step, the config among them, expire that much later by Redis's
+-- clock, and the config must not outlive the records it vouches for.
+local function lease_put(sid, id, v)
+  local lk = lxkey(sid)
+  if redis.call('HSET', lk, id, v, '', '') == 2 or BACK > 0 then expire(lk, IDLE) end
+end
+
+-- Moves a budget from layout 1 (LAYOUT): each record of lx goes to its
+-- session's hash, as lease_put writes one, and lx and the sessions' sets
+-- go. The config then names layout 2, in the same HSET as its JSON with
+-- the layout put first, as every host of this build sends it (redisstore,
+-- storedLimits), so that a library of the older build that has the old
+-- JSON cached reads ly again and steps aside. The epoch, counts, queues,
+-- waiters and sessions stay as they are: a waiter queued by an older host
+-- keeps its place, and a lease its record. Work in the number of leases,
+-- once per budget. It runs within limits(), so it reads ce itself.
+function convert_layout(json)
+  local ce = tonumber(redis.call('HGET', CFG, 'ce')) or 0
+  local pre, lx = P .. 'lx:' .. I(ce) .. ':', P .. 'lx'
+  local h = redis.call('HGETALL', lx)
+  local sids = {}
+  for i = 1, #h, 2 do
+    local l = lease_unpack(h[i + 1])
+    if l then
+      local lk = pre .. l.sid
+      if redis.call('HSET', lk, h[i], h[i + 1], '', '') == 2 then expire(lk, IDLE) end
+      sids[l.sid] = true
+    end
+  end
+  redis.call('DEL', lx)
+  for _, sid in ipairs(redis.call('ZRANGE', K.sexp, 0, -1)) do sids[sid] = true end
+  for sid in pairs(sids) do redis.call('DEL', P .. 'sl:' .. sid) end
+  if not json then
+    redis.call('HSET', CFG, 'ly', I(LAYOUT))
+    return
+  end
+  local js = json
+  if json == '{}' then
+    js = '{"layout":2}'
+  elseif string.sub(json, 1, 10) ~= '{"layout":' then -- (not a hand edit's)
+    js = '{"layout":2,' .. string.sub(json, 2)
+  end
+  redis.call('HSET', CFG, 'ly', I(LAYOUT), 'json', js)
+end
+
 -- session returns how long (us) session sid has left for a lease granted
 -- now, or nil when the session is dead (its deadline passed, or reclaim
 -- ended it). A session named for the first time is created with ttl (us)
@@ -1038,7 +1128,7 @@ end
 -- it from its call less that. It returns the waiter's deadline too (nil
 -- if the waiter has none), which the wake message needs.
 local function session(sid, ttl, now, wid)
-  local sx = KSEXP
+  local sx = K.sexp
   -- Scores read by arithmetic, as tonumber would, without its C call.
   local d = redis.call('ZSCORE', sx, sid)
   if d then
@@ -1054,7 +1144,7 @@ local function session(sid, ttl, now, wid)
     -- deadline whenever that is later: its process vouched for it by its
     -- latest call or renewal, and the waiter then counts its lease from
     -- that call, not from an older heartbeat.
-    live = redis.call('ZSCORE', KWEXP, wid)
+    live = redis.call('ZSCORE', K.wexp, wid)
     if live then live = live + 0 else live = nil end
     if live and live < at then at = live end
     if d and d >= at - ttl / 6 then return d - now, live end
@@ -1068,26 +1158,15 @@ local function session(sid, ttl, now, wid)
   return at - now, live
 end
 
--- Adds lease id to session sid's set. The set keeps an empty member from
--- when it was made (no id is empty), so SADD's reply says whether this
--- call made it, and only then is its TTL set here: heartbeats renew it
--- while the session lives. (So a live session's set outlives its last
--- lease, holding that member alone, until the session ends or its TTL
--- runs out.)
-local function join(sid, id)
-  local sl = P .. 'sl:' .. sid
-  if redis.call('SADD', sl, id, '') == 2 then expire(sl, IDLE) end
-end
-
 -- Ends session sid, whose leases are all retired: its name goes to sgone
 -- (pruned of names older than an idle TTL as it goes).
 local function end_session(sid, now)
   local gone = P .. 'sgone'
-  redis.call('ZREM', KSEXP, sid)
+  redis.call('ZREM', K.sexp, sid)
   redis.call('ZADD', gone, I(now), sid)
   redis.call('ZREMRANGEBYSCORE', gone, '-inf', I(now - IDLE * 1000))
   expire(gone, IDLE)
-  redis.call('DEL', P .. 'sd:' .. sid)
+  redis.call('DEL', P .. 'sd:' .. sid, lxkey(sid))
 end
 
 -- A waiter is one string: its ticket, class, body flag, arrival (us), TTL
@@ -1273,7 +1352,7 @@ local function remove_waiter(wid)
   end
   redis.call('DEL', P .. 'w:' .. wid)
   WC[wid] = false
-  redis.call('ZREM', KWEXP, wid)
+  redis.call('ZREM', K.wexp, wid)
 end
 
 -- Returns a lease's parts (dr, db: its request slot, its body slot) to
@@ -1353,20 +1432,22 @@ local function dreturn_fast(enc, ci, dr, db, now, lim, defer)
   end
 end
 
--- Returns parts of lease lid (r, b are 0 or 1); the heads of its queues
--- become candidates. popped says reclaim has already taken lid out of its
--- session's set. defer lets a domain's save wait for the end of the call
--- (dreturn): only for a caller that returns through done next. Returns
--- the lease's record as it was (nil when unknown).
-local function retire(lid, r, b, popped, defer)
-  local lx = KLX
-  local v = redis.call('HGET', lx, lid)
-  if not v then return nil end
+-- Returns parts of lease lid of session sid (r, b are 0 or 1); the heads
+-- of its queues become candidates. v is its record when the caller has
+-- read it already (reclaim). defer lets a domain's save wait for the end
+-- of the call (dreturn): only for a caller that returns through done
+-- next. Returns the lease's record as it was (nil when unknown).
+local function retire(lid, sid, r, b, v, defer)
+  local lk = lxkey(sid)
+  if not v then
+    v = redis.call('HGET', lk, lid)
+    if not v then return nil end
+  end
   local l = lease_unpack(v)
   if not l then
-    -- Only these scripts write lx; a record they cannot read is dropped
-    -- rather than kept forever.
-    redis.call('HDEL', lx, lid)
+    -- Only these scripts write lease records; one they cannot read is
+    -- dropped rather than kept forever.
+    redis.call('HDEL', lk, lid)
     return nil
   end
   local hr, hb = l.hr, l.hb
@@ -1382,18 +1463,9 @@ local function retire(lid, r, b, popped, defer)
   if dr then hr = 0 end
   if db then hb = 0 end
   if hr == 0 and hb == 0 then
-    if not popped then redis.call('SREM', P .. 'sl:' .. l.sid, lid) end
-    if defer and not LXDEL then
-      -- Deleted when the call ends (done), after the handoff, and before
-      -- anything else there can fail: until then lx surely exists, so a
-      -- grant need not renew its TTL (grant). A command per handoff;
-      -- nothing between reads the field.
-      LXDEL = lid
-    else
-      redis.call('HDEL', lx, lid)
-    end
+    redis.call('HDEL', lk, lid)
   elseif dr or db then
-    redis.call('HSET', lx, lid, lease_pack(hr, hb, l.c, l.g, l.sid, l.ds, l.cs))
+    redis.call('HSET', lk, lid, lease_pack(hr, hb, l.c, l.g, l.sid, l.ds, l.cs))
   end
   return l
 end
@@ -1452,16 +1524,9 @@ local function grant(req, doms, lim, now)
     end
     dsave(d, now, lim)
   end
-  local lx = KLX
   local encs = req.encs
-  redis.call('HSET', lx, req.id, lease_pack(1, req.body, req.class, now, req.sid,
+  lease_put(req.sid, req.id, lease_pack(1, req.body, req.class, now, req.sid,
     #encs == 1 and encs[1] or table.concat(encs, ','), req.consumer))
-  -- The HSET may have made lx, which must not be left without a TTL,
-  -- unless the field of a lease this call retired is still there (LXDEL).
-  -- Else lx has the TTL it was made with, renewed by every heartbeat and
-  -- with the config (touch_cfg): it outlives the config and the sessions.
-  if not LXDEL then expire(lx, IDLE) end
-  join(req.sid, req.id)
   return left, live
 end
 
@@ -1527,16 +1592,20 @@ local function new_epoch(now, quarantine_us, rebuild)
   local f = {'epoch', e, 'qu', now + quarantine_us}
   if rebuild then
     f[#f + 1], f[#f + 2] = 'ce', e
-    redis.call('DEL', KLX)
+    -- The new ce puts every lease record out of reach (lxkey); those
+    -- of the sessions known go now rather than with their TTL.
+    for _, sid in ipairs(redis.call('ZRANGE', K.sexp, 0, -1)) do
+      redis.call('DEL', lxkey(sid))
+    end
     for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
       redis.call('DEL', P .. 'q:' .. enc)
     end
     HEADS, NEXT = {}, nil
-    for _, wid in ipairs(redis.call('ZRANGE', KWEXP, 0, -1)) do
+    for _, wid in ipairs(redis.call('ZRANGE', K.wexp, 0, -1)) do
       redis.call('DEL', P .. 'w:' .. wid)
     end
     WC = {}
-    redis.call('DEL', KWEXP)
+    redis.call('DEL', K.wexp)
     DC = {}
   end
   cfg_put(unpack(f))
@@ -1677,21 +1746,17 @@ end
 
 local function done(result)
   local now = clock()
-  if not LATE and not LXDEL then
+  if not LATE then
     hand_off(now)
     return result
   end
   -- What a retirement left to save (dreturn) is saved here unless a grant
-  -- saved it, and the lease it retired deleted, even when the handoff
-  -- fails (a key of the wrong type, put there by hand): a script's writes
-  -- stay when it fails, and the retirement must be among them, as when it
-  -- wrote at once. Without candidates there is nothing to fail.
+  -- saved it, even when the handoff fails (a key of the wrong type, put
+  -- there by hand): a script's writes stay when it fails, and the
+  -- retirement must be among them, as when it wrote at once. Without
+  -- candidates there is nothing to fail.
   local ok, err = true, nil
   if CANDS then ok, err = pcall(hand_off, now) end
-  if LXDEL then
-    redis.call('HDEL', KLX, LXDEL)
-    LXDEL = nil
-  end
   if LATE then
     local lim = lims()
     for k = 1, #LATE do
@@ -1719,24 +1784,27 @@ local RESCAN = 1000000 -- us
 local function reclaim(now)
   local lim = lims()
   if lim and now < lim.rc then return end
-  local sexp, wexp = KSEXP, KWEXP
+  local sexp, wexp = K.sexp, K.wexp
   local left = RECLAIM
   local sids = redis.call('ZRANGEBYSCORE', sexp, '-inf', I(now), 'LIMIT', 0, RECLAIM)
   for _, sid in ipairs(sids) do
     if left == 0 then break end
-    local sl = P .. 'sl:' .. sid
+    local lk = lxkey(sid)
     local empty = false
-    -- Again when the set's own member (join) came out with the leases.
+    -- One field more than is left to retire: the empty one (lease_put)
+    -- may come out with the leases. A reply shorter than asked holds every
+    -- field the hash had, so the session's leases are all retired then.
     while left > 0 and not empty do
-      local asked = left
-      local ids = redis.call('SPOP', sl, asked)
-      for k = 1, #ids do
-        if ids[k] ~= '' then
-          retire(ids[k], 1, 1, true)
+      local asked = left + 1
+      local kv = redis.call('HRANDFIELD', lk, asked, 'WITHVALUES')
+      for k = 1, #kv, 2 do
+        if kv[k] ~= '' then
+          retire(kv[k], sid, 1, 1, kv[k + 1])
           left = left - 1
+          if left == 0 then break end
         end
       end
-      empty = #ids < asked -- fewer than asked: the set is empty now
+      empty = #kv < 2 * asked
     end
     if empty then end_session(sid, now) end
   end
@@ -1771,6 +1839,18 @@ end
 -- renewed when half spent, and checked by heartbeats every quarter), so a
 -- smaller jump expires none.
 local STEP = 1000000 -- us
+
+-- Whether any session holds a lease: its key has a field besides the
+-- empty one (lease_put). Read only after a silence longer than J, for
+-- up to 64 sessions; a group with more is taken to hold some.
+local function leases_held()
+  local ss = redis.call('ZRANGE', K.sexp, 0, 63)
+  for i = 1, #ss do
+    if redis.call('HLEN', lxkey(ss[i])) > 1 then return true end
+  end
+  return #ss >= 64
+end
+
 local function group_clock(raw)
   local lim = lims()
   if not lim then return raw end
@@ -1785,7 +1865,7 @@ local function group_clock(raw)
     co = co + BACK
     now = lt
     back = true
-  elseif lt > 0 and now - lt > j and redis.call('EXISTS', KLX) == 1 then
+  elseif lt > 0 and now - lt > j and leases_held() then
     local gap = now - lt
     rebuild = gap >= IDLE * 125
     if not run_id_changed() then

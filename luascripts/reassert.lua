@@ -55,7 +55,7 @@ if n > 0 then
     if not d then redis.call('ZREM', P .. 'sgone', sid) end
   end
 end
-local lx = P .. 'lx'
+local lx = lxkey(sid)
 local ra = P .. 'ra:' .. sid
 if first then redis.call('DEL', ra) end
 local ids, named = {}, {}
@@ -77,7 +77,7 @@ for _ = 1, n do
     -- Parts the host has retired since the state Redis came back with.
     local r = (l.hr == 1 and parts % 2 == 0) and 1 or 0
     local b = (l.hb == 1 and parts < 2) and 1 or 0
-    if r == 1 or b == 1 then retire(id, r, b) end
+    if r == 1 or b == 1 then retire(id, sid, r, b, rec) end
   else
     local hr, hb = parts % 2, math.floor(parts / 2)
     for _, e in ipairs(encs) do
@@ -86,14 +86,12 @@ for _ = 1, n do
       if hb == 1 then d.b = d.b + 1 end
       dsave(d, now, lim)
     end
-    redis.call('HSET', lx, id, lease_pack(hr, hb, class, now, sid, table.concat(encs, ','), consumer))
-    redis.call('SADD', P .. 'sl:' .. sid, id)
+    lease_put(sid, id, lease_pack(hr, hb, class, now, sid, table.concat(encs, ','), consumer))
     put = put + 1
   end
 end
 if put > 0 then
   expire(lx, IDLE)
-  expire(P .. 'sl:' .. sid, IDLE)
   -- Counts were missing these leases. If the budget was re-created by a
   -- host that could not know of the loss (it joined after it), nothing is
   -- quarantined yet: hold new grants until this host's holders are back. A
@@ -118,15 +116,16 @@ end
 -- host, from before the epoch.
 local epoch = tonumber(redis.call('HGET', CFG, 'epoch')) or now
 local spanned = not first
-for _, id in ipairs(redis.call('SMEMBERS', P .. 'sl:' .. sid)) do
-  -- '' is the set's own member (lib.lua, join), no lease.
+local kv = redis.call('HGETALL', lx)
+for j = 1, #kv, 2 do
+  local id = kv[j]
+  -- '' is the key's own field (lib.lua, lease_put), no lease.
   if id ~= '' and not named[id] and not (spanned and redis.call('HEXISTS', ra, id) == 1) then
-    local rec = redis.call('HGET', lx, id)
-    local l = rec and lease_unpack(rec)
+    local l = lease_unpack(kv[j + 1])
     if not l then
-      redis.call('SREM', P .. 'sl:' .. sid, id)
+      redis.call('HDEL', lx, id)
     elseif l.g < epoch then
-      retire(id, 1, 1)
+      retire(id, sid, 1, 1, kv[j + 1])
     end
   end
 end

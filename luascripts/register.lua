@@ -4,7 +4,8 @@
 --
 -- KEYS[1]  config hash
 -- ARGV[1..3] the common arguments (lib.lua)
--- ARGV[4]  limits as canonical JSON (compared byte for byte)
+-- ARGV[4]  limits as canonical JSON (compared byte for byte), the layout
+--          first (lib.lua, convert_layout)
 -- ARGV[5]  requests per second (decimal), ARGV[6] burst,
 -- ARGV[7]  open bodies (memory is each host's own, never stored here)
 -- ARGV[8]  1 to replace differing stored limits, else 0
@@ -31,7 +32,7 @@ local lost = int(ARGV[9], 'lost flag', 0, 1)
 local quarantine = int(ARGV[10], 'quarantine', 0, 86400000) * 1000
 local renew = int(ARGV[11], 'new epoch flag', 0, 1)
 if #ARGV ~= 11 + NCLASS then bad('expected ' .. NCLASS .. ' in-flight ceilings') end
-local fields = {'json', json, 'rps', ARGV[5], 'burst', I(burst), 'bodies', I(bodies)}
+local fields = {'json', json, 'ly', I(LAYOUT), 'rps', ARGV[5], 'burst', I(burst), 'bodies', I(bodies)}
 for c = 1, NCLASS do
   fields[#fields + 1] = CAPF[c]
   fields[#fields + 1] = I(int(ARGV[11 + c], 'in-flight ceiling', 0, 9007199254740991))
@@ -71,10 +72,9 @@ elseif not stored then
 end
 if not stored then
   -- A config made now vouches for no count: whatever a loss left behind
-  -- (lease records, a domain's counts) is of no epoch it knows, so the
-  -- records go and the counts read as zero (lib.lua, Clock jumps). Its
-  -- group clock starts at TIME.
-  redis.call('DEL', P .. 'lx')
+  -- (lease records, a domain's counts) is of no epoch it knows: the new
+  -- ce puts the records out of reach (lib.lua, lxkey) and the counts read
+  -- as zero (Clock jumps). Its group clock starts at TIME.
   cfg_put('epoch', now, 'ce', now, 'lt', now, 'co', 0)
   if lost == 1 then cfg_put('qu', now + quarantine) end
 end

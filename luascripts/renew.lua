@@ -7,8 +7,10 @@
 -- KEYS[1]  config hash
 -- ARGV[1..3] the common arguments (lib.lua)
 -- ARGV[4]  waiter TTL, ms: each waiter still queued lives that long from now
--- ARGV[5]  number of ids n (at most 1000), then ARGV[6..5+n] waiter ids
--- ARGV[6+n] number of domain encodings m, then m encodings: domains of
+-- ARGV[5]  number of waiters n (at most 1000), then ARGV[6..5+2n] n
+--          pairs: a waiter's id and the session its latest call named
+--          (where a handoff grants it)
+-- ARGV[6+2n] number of domain encodings m, then m encodings: domains of
 --          those waiters that are queued (not held back by time). Whoever
 --          of the ids heads one of their queues is tried as a handoff
 --          would be (lib.lua, done): granted if it fits, woken if time
@@ -25,18 +27,22 @@
 -- A waiter whose deadline has passed is not renewed even if reclaim has
 -- not reached it yet: what expired stays expired.
 --
--- Cost: the config's fields, TIME, and four commands (ZMSCORE, HMGET on
--- lx for the ids not waiting, ZADD XX, PEXPIREAT), whatever n is; one
+-- Cost: the config's fields, TIME, and four commands (ZMSCORE, HMGET of
+-- the leases for the ids not waiting, one per session they name: nearly
+-- always one; ZADD XX, PEXPIREAT), whatever n is; one
 -- ZRANGE per domain, and a handoff's try for each head found among the
 -- ids (usually blocked by a ceiling: its domains' GETs).
 
 local ttl = int(ARGV[4], 'waiter ttl', 1, 86400000, true) * 1000
 local n = int(ARGV[5] or '', 'id count', 0, 1000)
-local m = int(ARGV[6 + n] or '', 'domain count', 0, 10000)
-if #ARGV ~= 6 + n + m then bad('counts do not match the arguments') end
-local ids, encs = {}, {}
-for i = 1, n do ids[i] = id_arg(ARGV[5 + i], 'waiter id') end
-for i = 1, m do encs[i] = enc_arg(ARGV[6 + n + i]) end
+local m = int(ARGV[6 + 2 * n] or '', 'domain count', 0, 10000)
+if #ARGV ~= 6 + 2 * n + m then bad('counts do not match the arguments') end
+local ids, sids, encs = {}, {}, {}
+for i = 1, n do
+  ids[i] = id_arg(ARGV[4 + 2 * i], 'waiter id')
+  sids[i] = id_arg(ARGV[5 + 2 * i], 'session id', true)
+end
+for i = 1, m do encs[i] = enc_arg(ARGV[6 + 2 * n + i]) end
 
 local now = clock()
 local lim = lims()
@@ -60,11 +66,23 @@ for i = 1, n do
   end
 end
 if #rest > 0 then
-  local q = {}
-  for j, i in ipairs(rest) do q[j] = ids[i] end
-  local recs = redis.call('HMGET', P .. 'lx', unpack(q))
-  for j, i in ipairs(rest) do
-    if recs[j] then out[i] = 'g' end
+  -- By session: one HMGET for each the waiters name.
+  local by, order = {}, {}
+  for _, i in ipairs(rest) do
+    local s = sids[i]
+    if not by[s] then
+      by[s] = {}
+      order[#order + 1] = s
+    end
+    by[s][#by[s] + 1] = i
+  end
+  for _, s in ipairs(order) do
+    local q = {}
+    for j, i in ipairs(by[s]) do q[j] = ids[i] end
+    local recs = redis.call('HMGET', lxkey(s), unpack(q))
+    for j, i in ipairs(by[s]) do
+      if recs[j] then out[i] = 'g' end
+    end
   end
 end
 if #renew > 0 then

@@ -10,13 +10,15 @@
 --          host's own and never reaches the scripts: a parts value with
 --          bit 4 set is refused (RBINVAL), since only a caller of this
 --          build runs this script and it never sends one.
+-- ARGV[6]  the session the lease was granted in (or moved to)
 -- Returns {R_OK}.
 
 local id = id_arg(ARGV[4], 'lease id')
 local parts = int(ARGV[5], 'parts', 1, 3, true)
+local sid = id_arg(ARGV[6], 'session id', true)
 local now = clock()
 touch_cfg(now)
 reclaim(now)
 local r = parts % 2
-retire(id, r, (parts - r) / 2, false, true)
+retire(id, sid, r, (parts - r) / 2, nil, true)
 return done(REPLY_OK)

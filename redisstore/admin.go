@@ -174,10 +174,32 @@ func (a *Admin) List(ctx context.Context) ([]BudgetSummary, error) {
 		p := strings.TrimSuffix(k, "cfg")
 		pipe := a.client.Pipeline()
 		doms := pipe.ZCard(ctx, p+"doms")
-		leases := pipe.HLen(ctx, p+"lx")
 		waiters := pipe.ZCard(ctx, p+"wexp")
+		cfg := pipe.HMGet(ctx, k, "ly", "ce")
+		old := pipe.HLen(ctx, p+"lx") // layout 1: every lease in one hash
+		sessions := pipe.ZRange(ctx, p+"sexp", 0, -1)
 		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 			return nil, fmt.Errorf("redisstore: listing budgets: %w: %v", budget.ErrUnavailable, err)
+		}
+		leases := old.Val()
+		if ly, _ := cfg.Val()[0].(string); ly != "" && ly != "1" {
+			// A hash per session (lib.lua, lxkey), each with one field
+			// that is no lease.
+			ce, _ := cfg.Val()[1].(string)
+			if ce == "" {
+				ce = "0"
+			}
+			pipe := a.client.Pipeline()
+			lens := make([]*redis.IntCmd, 0, len(sessions.Val()))
+			for _, sid := range sessions.Val() {
+				lens = append(lens, pipe.HLen(ctx, p+"lx:"+ce+":"+sid))
+			}
+			if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+				return nil, fmt.Errorf("redisstore: listing budgets: %w: %v", budget.ErrUnavailable, err)
+			}
+			for _, n := range lens {
+				leases += max(n.Val()-1, 0)
+			}
 		}
 		b := byName[name]
 		if b == nil {
@@ -186,7 +208,7 @@ func (a *Admin) List(ctx context.Context) ([]BudgetSummary, error) {
 		}
 		b.Groups++
 		b.Domains += int(doms.Val())
-		b.Leases += int(leases.Val())
+		b.Leases += int(leases)
 		b.Waiters += int(waiters.Val())
 	}
 	out := make([]BudgetSummary, 0, len(byName))

@@ -291,7 +291,7 @@ func TestBatchErrorsStayPerOp(t *testing.T) {
 		}
 	}
 	bad := func() error {
-		_, err := s.call(ctx, g, "cancel", s.sc.cancel, s.args("a waiter id with spaces")...)
+		_, err := s.call(ctx, g, "cancel", s.sc.cancel, s.args("a waiter id with spaces", 0)...)
 		return err
 	}
 	// The first call is stopped at the hook, in flight, until the others
@@ -640,17 +640,18 @@ func TestBatchMatchesSingles(t *testing.T) {
 			for _, e := range encs {
 				args = append(args, e)
 			}
+			args = append(args, s.single.sid) // the previous call's session
 			return &batchOp{ctx: ctx, name: "acquire", sc: s.sc.acquire, args: args}
 		}
 	}
 	retire := func(id string) op {
 		return func(s *Store) *batchOp {
-			return &batchOp{ctx: ctx, name: "retire", sc: s.sc.retire, args: s.args(id, 1)}
+			return &batchOp{ctx: ctx, name: "retire", sc: s.sc.retire, args: s.args(id, 1, s.single.sid)}
 		}
 	}
 	cancel := func(id string) op {
 		return func(s *Store) *batchOp {
-			return &batchOp{ctx: ctx, name: "cancel", sc: s.sc.cancel, args: s.args(id)}
+			return &batchOp{ctx: ctx, name: "cancel", sc: s.sc.cancel, args: s.args(id, 1, s.single.sid)}
 		}
 	}
 	// Each step is one batch for one budget, and as many single calls for

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -50,12 +51,29 @@ func (s *Store) Register(ctx context.Context, l budget.Limits, replace bool) err
 	return eachGroup(gs, func(g *group) error { return s.register(ctx, g, l, replace, false) })
 }
 
+// layout is the layout of a budget's keys that this build reads and
+// writes (luascripts/lib.lua, LAYOUT).
+const layout = 2
+
+// storedLimits is the JSON of l as a group's config holds it: the layout
+// first, then l's fields (map keys sorted: canonical). A build that moves
+// a budget to a newer layout changes the bytes of its JSON so, and hosts
+// of the older build that cached the old JSON then read the layout again
+// and step aside; lib.lua's convert_layout writes the same bytes from the
+// JSON of layout 1, so a host of this build finds its own limits there.
+func storedLimits(l budget.Limits) ([]byte, error) {
+	return json.Marshal(struct {
+		Layout int `json:"layout"`
+		budget.Limits
+	}{layout, l})
+}
+
 // register stores l in group g. lost says this store held state under an
 // epoch that Redis no longer has: a group created now starts under
 // quarantine.
 func (s *Store) register(ctx context.Context, g *group, l budget.Limits, replace, lost bool) error {
 	l.MemoryBytes = 0
-	js, err := json.Marshal(l) // map keys sorted: canonical
+	js, err := storedLimits(l)
 	if err != nil {
 		return fmt.Errorf("redisstore: encoding limits: %v", err)
 	}
@@ -226,6 +244,13 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 	g.used = sent
 	wake := w.wake
 	sid := s.sessionLocked(g, sent)
+	// A grant may wait in the session the previous call named (a
+	// handoff's, or one whose reply was lost): the call looks there too.
+	psid := w.sid
+	if psid == "" {
+		psid = sid
+	}
+	w.sid = sid
 	s.mu.Unlock()
 	body := 0
 	if req.OpensBody {
@@ -236,6 +261,17 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 	args = append(args, len(encs))
 	for _, e := range encs {
 		args = append(args, e)
+	}
+	args = append(args, psid)
+	psidArg := len(args) - 1
+	// named moves the call on to session next: the previous one is where
+	// a grant of the call just made would be.
+	named := func(next string) {
+		s.mu.Lock()
+		w.sid = next
+		s.mu.Unlock()
+		args[psidArg], args[sidArg] = sid, next
+		sid = next
 	}
 	for range 4 {
 		res, err := s.call(ctx, g, "acquire", s.sc.acquire, args...)
@@ -257,9 +293,9 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		case errors.Is(err, errSessionGone):
 			s.sessionGone(g, sid)
 			s.mu.Lock()
-			sid = s.sessionLocked(g, s.now())
+			next := s.sessionLocked(g, s.now())
 			s.mu.Unlock()
-			args[sidArg] = sid
+			named(next)
 			continue
 		case err != nil:
 			return budget.Attempt{}, err
@@ -270,9 +306,9 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 			if g.sid != sid {
 				// The session was given up while the call was out: call
 				// again, which moves the lease into the current one.
-				sid = g.sid
+				next := g.sid
 				s.mu.Unlock()
-				args[sidArg] = sid
+				named(next)
 				continue
 			}
 			record(sid, sent.Add(-r.age))
@@ -322,15 +358,23 @@ func (s *Store) Cancel(ctx context.Context, id string) error {
 	s.reasserting.RLock()
 	defer s.reasserting.RUnlock()
 	g := s.groupOfID(id)
+	if g == nil {
+		s.mu.Lock()
+		delete(s.wakes, id)
+		s.mu.Unlock()
+		return nil
+	}
 	s.mu.Lock()
 	w := s.wakes[id]
 	late := w != nil && w.cutOff
+	sids := s.sessionsOfLocked(id, w, g)
 	delete(s.wakes, id)
 	s.mu.Unlock()
-	if g == nil {
-		return nil
+	args := s.args(id, len(sids))
+	for _, sid := range sids {
+		args = append(args, sid)
 	}
-	res, err := s.call(ctx, g, "cancel", s.sc.cancel, s.args(id)...)
+	res, err := s.call(ctx, g, "cancel", s.sc.cancel, args...)
 	if err == nil {
 		err = decodeOK("cancel", res)
 	}
@@ -343,10 +387,34 @@ func (s *Store) Cancel(ctx context.Context, id string) error {
 		// its way by its ctx: written to one connection, it can be read
 		// by Redis after this cancel on another (measured: a slot lost
 		// in 10 of 30 runs of TestBatchHammer's load before this).
-		g.done[id] = struct{}{}
+		for _, sid := range sids {
+			g.done[doneID{id, sid}] = struct{}{}
+		}
 	}
 	s.mu.Unlock()
 	return err
+}
+
+// sessionsOfLocked lists the sessions of group g where a grant under id
+// may be (at most four): the lease's as this store recorded it, the one
+// the waiter's latest call named, a handoff's it heard of, and the
+// current one.
+func (s *Store) sessionsOfLocked(id string, w *waiting, g *group) []string {
+	var out []string
+	add := func(sid string) {
+		if sid != "" && !slices.Contains(out, sid) {
+			out = append(out, sid)
+		}
+	}
+	if h := s.leases[id]; h != nil && h.g == g {
+		add(h.sid)
+	}
+	if w != nil {
+		add(w.sid)
+		add(w.grantSid)
+	}
+	add(g.sid)
+	return out
 }
 
 // Retire implements budget.Store. The Memory part is not the store's (the
@@ -362,13 +430,25 @@ func (s *Store) Retire(ctx context.Context, id string, parts lease.Parts) error 
 	if g == nil {
 		return nil
 	}
+	// The lease's session as this store recorded it; for one it no longer
+	// knows (lost with a session, dropped, cancelled), the current one,
+	// where nothing is found if it is gone.
+	s.mu.Lock()
+	sid := g.sid
+	if h := s.leases[id]; h != nil && h.g == g {
+		sid = h.sid
+	}
+	s.mu.Unlock()
+	if sid == "" {
+		return nil // no session yet: nothing was granted
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		// Leases retire with a background context: bound the call here.
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, lease.RetireTimeout)
 		defer cancel()
 	}
-	res, err := s.call(ctx, g, "retire", s.sc.retire, s.args(id, int(parts))...)
+	res, err := s.call(ctx, g, "retire", s.sc.retire, s.args(id, int(parts), sid)...)
 	if err == nil {
 		err = decodeOK("retire", res)
 	}
@@ -416,7 +496,7 @@ func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
 	}
 	for id, h := range s.leases {
 		if _, ok := byGroup[h.g]; ok && start.Sub(h.listed) >= s.ttl {
-			h.g.done[id] = struct{}{}
+			h.g.done[doneID{id, h.sid}] = struct{}{}
 			delete(s.leases, id)
 		}
 	}
@@ -470,6 +550,10 @@ func (s *Store) Heartbeat(ctx context.Context, ids []string) ([]string, error) {
 	return missing, &lease.PartialError{Failed: failed, Err: firstErr}
 }
 
+// doneID is what a heartbeat cancels for a lease or waiter this process
+// is done with: its id, and a session a grant under it may be in.
+type doneID struct{ id, sid string }
+
 // maxDone bounds the ids one beat cancels (see heartbeat.lua): the rest
 // wait for the next beats, so no beat runs long after many leases were
 // given up at once.
@@ -516,12 +600,12 @@ func (s *Store) beat(ctx context.Context, g *group, ids []string, start time.Tim
 	}
 	g.domsRenewed = kept
 	renew := start.Sub(g.keysRenewed) > s.idle/4
-	doneIDs := make([]string, 0, min(len(g.done), maxDone))
-	for id := range g.done {
+	doneIDs := make([]doneID, 0, min(len(g.done), maxDone))
+	for d := range g.done {
 		if len(doneIDs) == maxDone {
 			break
 		}
-		doneIDs = append(doneIDs, id)
+		doneIDs = append(doneIDs, d)
 	}
 	s.mu.Unlock()
 	var r heartbeatReply
@@ -534,8 +618,8 @@ func (s *Store) beat(ctx context.Context, g *group, ids []string, start time.Tim
 			args = append(args, e)
 		}
 		args = append(args, len(doneIDs))
-		for _, id := range doneIDs {
-			args = append(args, id)
+		for _, d := range doneIDs {
+			args = append(args, d.id, d.sid)
 		}
 		args = append(args, epoch)
 		res, err := s.run(ctx, g, "heartbeat", s.sc.heartbeat, args...)
@@ -561,8 +645,8 @@ func (s *Store) beat(ctx context.Context, g *group, ids []string, start time.Tim
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, id := range doneIDs {
-		delete(g.done, id) // the script cancelled them
+	for _, d := range doneIDs {
+		delete(g.done, d) // the script cancelled them
 	}
 	if r.gone {
 		if g.sid == sid {
@@ -580,7 +664,7 @@ func (s *Store) beat(ctx context.Context, g *group, ids []string, start time.Tim
 			if h := s.leases[id]; h != nil && h.g == g {
 				delete(s.leases, id)
 			}
-			g.done[id] = struct{}{} // acknowledged on the next beat
+			g.done[doneID{id, sid}] = struct{}{} // acknowledged on the next beat
 		}
 	}
 	var missing []string

@@ -225,7 +225,7 @@ func TestClockForwardFarRebuilds(t *testing.T) {
 			p := "rb:{" + hex.EncodeToString([]byte(name)) + "}:"
 			keys := []string{p + "d:1." + hex.EncodeToString([]byte("a"))}
 			if lost == "lx" {
-				keys = []string{p + "cfg", p + "lx"}
+				keys = []string{p + "cfg", redistest.LeaseKey(ctx, c, p, redisstore.SessionID(holder))}
 			}
 			if n := c.Del(ctx, keys...).Val(); n != int64(len(keys)) {
 				t.Fatalf("DEL %s: %d", keys, n)
@@ -318,7 +318,7 @@ func TestClockBackConfigNeverOutlivesRecords(t *testing.T) {
 	}
 	// The records first: a millisecond passing between the two reads then
 	// shortens the config's, never the records', so equal TTLs pass.
-	lx := c.PTTL(ctx, p+"lx").Val()
+	lx := c.PTTL(ctx, redistest.LeaseKey(ctx, c, p, redisstore.SessionID(s))).Val()
 	if cfg := c.PTTL(ctx, p+"cfg").Val(); cfg > lx {
 		t.Errorf("after a step back the config lives %v, the lease records %v: the config outlives them", cfg, lx)
 	}

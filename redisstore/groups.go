@@ -105,7 +105,7 @@ type group struct {
 	renewed     time.Time            // Redis keeps the session alive at least a TTL from this moment
 	keysRenewed time.Time            // when a heartbeat last renewed the idle TTLs of the session's keys
 	domsRenewed map[string]time.Time // domains of leases held, and when a heartbeat last checked their keys
-	done        map[string]struct{}  // ids the next heartbeat cancels: see heartbeat.lua
+	done        map[doneID]struct{}  // what the next heartbeat cancels: see heartbeat.lua
 
 	commit committer // this process's calls to the group in flight and queued (batch.go)
 
@@ -215,7 +215,7 @@ func (s *Store) newGroup(key string) *group {
 	}
 	return &group{key: key, prefix: p, keys: keys, channel: p + "wake:" + s.proc, slot: slotOf(p),
 		ready: make(chan struct{}), sid: sessionID(s.proc, 0),
-		domsRenewed: make(map[string]time.Time), done: make(map[string]struct{})}
+		domsRenewed: make(map[string]time.Time), done: make(map[doneID]struct{})}
 }
 
 // allGroupsLocked returns every group this process uses (Store.mu held).

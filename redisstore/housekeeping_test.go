@@ -88,7 +88,7 @@ func TestLongHeldSessionKeysRenewed(t *testing.T) {
 		t.Fatalf("acquire: %+v %v", att, err)
 	}
 	p := "rb:{" + hex.EncodeToString([]byte("renew")) + "}:"
-	keys := []string{p + "lx", p + "sexp", p + "sl:" + redisstore.SessionID(s)}
+	keys := []string{p + "sexp", redistest.LeaseKey(ctx, c, p, redisstore.SessionID(s))}
 	idle := redisstore.IdleTTL(s)
 	short := 10 * time.Minute // stands in for a TTL mostly spent
 	shorten := func() {
@@ -419,7 +419,7 @@ func TestQueueKeysRenewedWhenDue(t *testing.T) {
 	c, clock, holder, waiter := twoHosts(t, "qttl", time.Hour, 2)
 	ctx := context.Background()
 	p := "rb:{" + hex.EncodeToString([]byte("qttl")) + "}:"
-	q, wexp, sl := p+"q:1."+hex.EncodeToString([]byte("a")), p+"wexp", p+"sl:"+redisstore.SessionID(holder)
+	q, wexp, sl := p+"q:1."+hex.EncodeToString([]byte("a")), p+"wexp", redistest.LeaseKey(ctx, c, p, redisstore.SessionID(holder))
 	idle := redisstore.IdleTTL(holder)
 	const short = time.Hour // stands in for a TTL mostly spent
 	ttl := func(k string) time.Duration { return c.PTTL(ctx, k).Val() }

@@ -191,7 +191,9 @@ func TestOldLeaseTextRead(t *testing.T) {
 			req := get(a)
 			req.OpensBody = true
 			l := mustAcquire(t, b, req)
-			lx := "rb:{" + hex.EncodeToString([]byte("oldlease")) + "}:lx"
+			prefix := "rb:{" + hex.EncodeToString([]byte("oldlease")) + "}:"
+			_, sessions := redistest.Leases(ctx, c, prefix)
+			lx := redistest.LeaseKey(ctx, c, prefix, sessions[l.ID()])
 			v := c.HGet(ctx, lx, l.ID()).Val()
 			rec, err := recpack.DecodeLease(v)
 			if err != nil || !rec.Request || !rec.Body || rec.Domains != "1."+hex.EncodeToString([]byte("a")) {
@@ -210,9 +212,92 @@ func TestOldLeaseTextRead(t *testing.T) {
 			}
 			l.Release()
 			expectIdle(t, b)
-			if n := c.HLen(ctx, lx).Val(); n != 0 {
+			if n := sessionLeases(c, lx); n != 0 {
 				t.Errorf("%d lease records left", n)
 			}
+		})
+	}
+}
+
+// TestLayout1Converted: a budget kept in layout 1 (every lease in one hash,
+// lx, and each session's lease ids in a set, sl:<sid>; no ly in its config,
+// and the limits' JSON without the layout) is converted by the first call
+// of this build: each lease moves to its session's hash, lx and the sets
+// go, and the config names layout 2 with its JSON as this build sends it,
+// so a host of this build registers the same limits without a conflict. A
+// lease held across the conversion is released as usual, and a waiter
+// queued before it is granted in turn.
+func TestLayout1Converted(t *testing.T) {
+	for _, tc := range bothServers() {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.client(t)
+			ctx := context.Background()
+			limits := budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 1}}
+			b := open(t, c, "layout1", limits, time.Minute)
+			a := dom("a")
+			held := mustAcquire(t, b, get(a))
+			got := make(chan error, 1)
+			go func() {
+				l, err := b.Acquire(ctx, get(a))
+				if err == nil {
+					l.Release()
+				}
+				got <- err
+			}()
+			deadline := time.Now().Add(5 * time.Second)
+			for usage(t, b).Waiters != 1 {
+				if time.Now().After(deadline) {
+					t.Fatal("the waiter never queued")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			prefix := "rb:{" + hex.EncodeToString([]byte("layout1")) + "}:"
+			cfg := prefix + "cfg"
+			recs, sessions := redistest.Leases(ctx, c, prefix)
+			sid := sessions[held.ID()]
+			stored := c.HGet(ctx, cfg, "json").Val()
+			if !strings.HasPrefix(stored, `{"layout":2,`) || c.HGet(ctx, cfg, "ly").Val() != "2" {
+				t.Fatalf("config of this build: ly %q, json %s", c.HGet(ctx, cfg, "ly").Val(), stored)
+			}
+			// Put the budget back the way layout 1 kept it, in one step.
+			if _, err := c.TxPipelined(ctx, func(tx redis.Pipeliner) error {
+				tx.Del(ctx, redistest.LeaseKey(ctx, c, prefix, sid))
+				tx.HSet(ctx, prefix+"lx", held.ID(), recs[held.ID()])
+				tx.SAdd(ctx, prefix+"sl:"+sid, held.ID(), "")
+				tx.HDel(ctx, cfg, "ly")
+				tx.HSet(ctx, cfg, "json", "{"+strings.TrimPrefix(stored, `{"layout":2,`))
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if du := domainOf(usage(t, b), a); du.InFlight[budget.OpGet] != 1 { // the first call converts
+				t.Fatalf("usage after the conversion: %+v", du)
+			}
+			if ly, js := c.HGet(ctx, cfg, "ly").Val(), c.HGet(ctx, cfg, "json").Val(); ly != "2" || js != stored {
+				t.Errorf("converted config: ly %q, json %s; want 2, %s", ly, js, stored)
+			}
+			if n := c.Exists(ctx, prefix+"lx", prefix+"sl:"+sid).Val(); n != 0 {
+				t.Errorf("%d keys of layout 1 left", n)
+			}
+			k := redistest.LeaseKey(ctx, c, prefix, sid)
+			if v := c.HGet(ctx, k, held.ID()).Val(); v != recs[held.ID()] || c.PTTL(ctx, k).Val() <= 0 {
+				t.Errorf("the held lease in its session's hash: %q (TTL %v), want %q", v, c.PTTL(ctx, k).Val(), recs[held.ID()])
+			}
+			again, err := budget.New(limits, budget.WithStore(mustStore(t, c, "layout1")))
+			if err != nil {
+				t.Fatalf("a host of this build with the same limits, after the conversion: %v", err)
+			}
+			again.Close()
+			held.Release()
+			select {
+			case err := <-got:
+				if err != nil {
+					t.Fatalf("the waiter queued before the conversion: %v", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the waiter queued before the conversion was not granted")
+			}
+			expectIdle(t, b)
 		})
 	}
 }
@@ -255,11 +340,11 @@ func TestNewerLayoutRefused(t *testing.T) {
 			// A build that moves a budget to a newer layout writes ly with
 			// the limits' JSON changed in its bytes (lib.lua, LAYOUT).
 			json := c.HGet(ctx, cfg, "json").Val()
-			for _, ly := range []string{"2", "x"} {
+			for _, ly := range []string{"3", "x"} {
 				c.HSet(ctx, cfg, "ly", ly, "json", json+" ")
 				before := snapshot()
 				_, err := b.Acquire(ctx, get(dom("a")))
-				if !errors.Is(err, budget.ErrLimitsConflict) || !strings.Contains(err.Error(), "layout "+ly+" is newer than this build reads (1)") {
+				if !errors.Is(err, budget.ErrLimitsConflict) || !strings.Contains(err.Error(), "layout "+ly+" is newer than this build reads (2)") {
 					t.Fatalf("ly %s: Acquire error %v; want ErrLimitsConflict naming both layouts", ly, err)
 				}
 				if _, err := b.Usage(ctx); !errors.Is(err, budget.ErrLimitsConflict) {

@@ -345,9 +345,9 @@ func TestLostRepliesAndCancellation(t *testing.T) {
 	}
 	admin := srv.Client(t)
 	for _, k := range budgetKeys(t, admin, "lost") {
-		if strings.Contains(k, ":sl:") {
-			// A live session's set keeps its own empty member (lib.lua,
-			// join) and its TTL once its leases are gone: no lease in it.
+		if strings.Contains(k, ":lx:") {
+			// A live session's hash keeps its own empty field (lib.lua,
+			// lease_put) and its TTL once its leases are gone: no lease in it.
 			if n := sessionLeases(admin, k); n != 0 || admin.PTTL(context.Background(), k).Val() <= 0 {
 				t.Errorf("left over: %s holds %d leases, TTL %v", k, n, admin.PTTL(context.Background(), k).Val())
 			}
@@ -465,7 +465,7 @@ func TestLostForEveryLeaseOfAGoneSession(t *testing.T) {
 	}
 	sid := redisstore.SessionID(s)
 	p := "rb:{" + hex.EncodeToString([]byte("gone-session")) + "}:"
-	if n := sessionLeases(c, p+"sl:"+sid); n != 5 {
+	if n := sessionLeases(c, redistest.LeaseKey(ctx, c, p, sid)); n != 5 {
 		t.Fatalf("session %s holds %d leases, want 5", sid, n)
 	}
 	// Its deadline in the past, and reclaim due (the time every script
@@ -499,8 +499,8 @@ func TestLostForEveryLeaseOfAGoneSession(t *testing.T) {
 		l.Release()
 	}
 	l := mustAcquire(t, b, get(dom("a")))
-	if next := redisstore.SessionID(s); next == sid || c.SIsMember(ctx, p+"sl:"+next, l.ID()).Val() != true {
-		t.Errorf("new grant in session %q (was %q), member of it: %v", next, sid, c.SIsMember(ctx, p+"sl:"+next, l.ID()).Val())
+	if next := redisstore.SessionID(s); next == sid || !c.HExists(ctx, redistest.LeaseKey(ctx, c, p, next), l.ID()).Val() {
+		t.Errorf("new grant in session %q (was %q), in it: %v", next, sid, c.HExists(ctx, redistest.LeaseKey(ctx, c, p, next), l.ID()).Val())
 	}
 	select {
 	case <-l.Lost():
@@ -683,8 +683,8 @@ func TestScriptArgumentsValidated(t *testing.T) {
 	before := c.Keys(ctx, "rb:*").Val()
 	src := luascripts.Source("acquire")
 	// ARGV: publish, idle, clock (Redis TIME), id, channel, session, class,
-	// body, consumer, ttl, domain count, domain.
-	good := []any{"PUBLISH", "60000", "", "w1", "proc", "proc.0", "2", "0", "c", "1000", "1", "1.61"}
+	// body, consumer, ttl, domain count, domain, previous session.
+	good := []any{"PUBLISH", "60000", "", "w1", "proc", "proc.0", "2", "0", "c", "1000", "1", "1.61", "proc.0"}
 	for _, bad := range []string{"nan", "inf", "-inf", "0x10", " 1", "1e3", "", "1.5"} {
 		for _, pos := range []int{7, 8, 10, 11} { // class, body, ttl, domain count
 			args := slices.Clone(good)
@@ -704,15 +704,15 @@ func TestScriptArgumentsValidated(t *testing.T) {
 	}
 	rsrc := luascripts.Source("retire")
 	for _, bad := range []string{"0", "4", "5", "7", "8"} {
-		err := c.Eval(ctx, rsrc, []string{cfg}, "PUBLISH", "60000", "", "w1", bad).Err()
+		err := c.Eval(ctx, rsrc, []string{cfg}, "PUBLISH", "60000", "", "w1", bad, "proc.0").Err()
 		if err == nil || !strings.Contains(err.Error(), "RBINVAL") {
 			t.Errorf("retire with parts %q: %v, want RBINVAL", bad, err)
 		}
 	}
 	// Heartbeat ARGV: publish, idle, clock, ttl, session, renew flag, domain
-	// count, domains, id count, ids, epoch.
+	// count, domains, id count, ids each with a session, epoch.
 	hsrc := luascripts.Source("heartbeat")
-	hgood := []any{"PUBLISH", "60000", "", "1000", "proc.0", "0", "1", "1.61", "1", "w9", "e"}
+	hgood := []any{"PUBLISH", "60000", "", "1000", "proc.0", "0", "1", "1.61", "1", "w9", "proc.0", "e"}
 	for _, bad := range []string{"nan", "inf", "-1", "0x10", " 1", "1.5", "2"} {
 		for _, pos := range []int{4, 6, 7, 9} { // ttl, renew flag, domain count, id count
 			args := slices.Clone(hgood)
@@ -742,7 +742,7 @@ func TestScriptArgumentsValidated(t *testing.T) {
 	if res, err := c.Eval(ctx, src, []string{cfg}, good...).StringSlice(); err != nil || len(res) == 0 || res[0] != "1" {
 		t.Errorf("acquire with good arguments = %q, %v, want granted", res, err)
 	}
-	if err := c.Eval(ctx, rsrc, []string{cfg}, "PUBLISH", "60000", "", "w1", "1").Err(); err != nil {
+	if err := c.Eval(ctx, rsrc, []string{cfg}, "PUBLISH", "60000", "", "w1", "1", "proc.0").Err(); err != nil {
 		t.Errorf("retire with good arguments: %v", err)
 	}
 	if err := c.Eval(ctx, hsrc, []string{cfg}, hgood...).Err(); err != nil {

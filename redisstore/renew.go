@@ -111,8 +111,9 @@ func (s *Store) renew(ctx context.Context, g *group, ws []renewing) {
 	args := s.args(ms(s.ttl), len(ws))
 	var encs []string
 	seen := make(map[string]bool)
+	s.mu.Lock()
 	for _, r := range ws {
-		args = append(args, r.id)
+		args = append(args, r.id, r.w.sid)
 		for _, e := range r.encs {
 			if !seen[e] {
 				seen[e] = true
@@ -120,6 +121,7 @@ func (s *Store) renew(ctx context.Context, g *group, ws []renewing) {
 			}
 		}
 	}
+	s.mu.Unlock()
 	args = append(args, len(encs))
 	for _, e := range encs {
 		args = append(args, e)

@@ -314,7 +314,10 @@ func TestSlotGuardRefusesSplitCalls(t *testing.T) {
 			t.Fatal(err)
 		}
 		before := rsSlotKeys(t, slot, from, to)
-		_, err := unguarded(holder, k, holder.sc.retire, held, int(lease.Request|lease.Body))
+		holder.mu.Lock()
+		hsid := holder.groups[k].sid
+		holder.mu.Unlock()
+		_, err := unguarded(holder, k, holder.sc.retire, held, int(lease.Request|lease.Body), hsid)
 		if err == nil || !strings.Contains(err.Error(), "non local key") {
 			t.Fatalf("unguarded release on the migrating source = %v, want a script error at a key that is not there", err)
 		}
@@ -346,7 +349,7 @@ func TestSlotGuardRefusesSplitCalls(t *testing.T) {
 		e.mu.Lock()
 		sid := e.groups[k].sid
 		e.mu.Unlock()
-		res, err := unguarded(e, k, e.sc.acquire, uuid.NewString(), e.proc, sid, budget.OpGet.Index(), 0, "", ms(rsTTL), 1, encodeDomain(rsReq(k).Domains[0]))
+		res, err := unguarded(e, k, e.sc.acquire, uuid.NewString(), e.proc, sid, budget.OpGet.Index(), 0, "", ms(rsTTL), 1, encodeDomain(rsReq(k).Domains[0]), sid)
 		t.Logf("unguarded acquire on the target, the one slot held on the source: %q, %v", res, err)
 		if err != nil || len(res) == 0 || res[0] != replyGranted {
 			t.Errorf("unguarded acquire = %q, %v; want granted, above the ceiling of 1", res, err)

@@ -178,13 +178,16 @@ func queueNow(t *testing.T, s *redisstore.Store, id string, r budget.Request) bu
 
 // sessionLeases counts the lease ids in a session's set, which also keeps
 // an empty member of its own (lib.lua, join).
+// sessionLeases counts the leases in a session's hash (key), which has
+// one field that is no lease (lib.lua, lease_put).
 func sessionLeases(c redis.UniversalClient, key string) int {
-	ctx := context.Background()
-	n := c.SCard(ctx, key).Val()
-	if c.SIsMember(ctx, key, "").Val() {
-		n--
+	n := 0
+	for f := range c.HGetAll(context.Background(), key).Val() {
+		if f != "" {
+			n++
+		}
 	}
-	return int(n)
+	return n
 }
 
 func inFlightOf(t *testing.T, s *redisstore.Store) int {
@@ -218,8 +221,8 @@ func TestDeadSessionReclaimedInBoundedSteps(t *testing.T) {
 		if n := inFlightOf(t, live); n != want {
 			t.Fatalf("in flight after one more script: %d, want %d (16 leases reclaimed per script)", n, want)
 		}
-		if n := sessionLeases(c, p+"sl:"+sid); n != want {
-			t.Fatalf("dead session's set holds %d, want %d", n, want)
+		if n := sessionLeases(c, redistest.LeaseKey(ctx, c, p, sid)); n != want {
+			t.Fatalf("dead session's hash holds %d, want %d", n, want)
 		}
 	}
 	// The last script found 8 left, fewer than its bound: the session is
@@ -227,8 +230,8 @@ func TestDeadSessionReclaimedInBoundedSteps(t *testing.T) {
 	if c.ZScore(ctx, p+"sexp", sid).Err() == nil || c.ZScore(ctx, p+"sgone", sid).Err() != nil {
 		t.Fatalf("session not ended: sexp %v, sgone %v", c.ZRange(ctx, p+"sexp", 0, -1).Val(), c.ZRange(ctx, p+"sgone", 0, -1).Val())
 	}
-	if n := c.HLen(ctx, p+"lx").Val(); n != 0 {
-		t.Fatalf("%d lease records left", n)
+	if recs, _ := redistest.Leases(ctx, c, p); len(recs) != 0 || c.Exists(ctx, redistest.LeaseKey(ctx, c, p, sid)).Val() != 0 {
+		t.Fatalf("%d lease records left, or the ended session's hash", len(recs))
 	}
 	// The dead process, back, hears of it on its next call and starts a new
 	// session: its old leases are missing, a new grant works.
@@ -236,7 +239,7 @@ func TestDeadSessionReclaimedInBoundedSteps(t *testing.T) {
 		t.Fatalf("Heartbeat of the dead session: missing %v, %v; want both", missing, err)
 	}
 	grantNow(t, dead, "again")
-	if next := redisstore.SessionID(dead); next == sid || !c.SIsMember(ctx, p+"sl:"+next, "again").Val() {
+	if next := redisstore.SessionID(dead); next == sid || !c.HExists(ctx, redistest.LeaseKey(ctx, c, p, next), "again").Val() {
 		t.Fatalf("new grant not in a new session: %q (dead one %q)", next, sid)
 	}
 }
@@ -404,9 +407,11 @@ func TestGrantMovesToTheSessionNamed(t *testing.T) {
 	p := "rb:{" + hex.EncodeToString([]byte("move")) + "}:"
 	cfg := []string{p + "cfg"}
 	src := luascripts.Source("acquire")
+	// The second call names the first's session as its previous one
+	// (ARGV[12+n]), where the grant is.
 	call := func(sid string) []string {
 		t.Helper()
-		res, err := c.Eval(ctx, src, cfg, "PUBLISH", "600000", "", "w1", "proc", sid, "2", "0", "c", "60000", "1", "1.61").StringSlice()
+		res, err := c.Eval(ctx, src, cfg, "PUBLISH", "600000", "", "w1", "proc", sid, "2", "0", "c", "60000", "1", "1.61", "proc.0").StringSlice()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -418,10 +423,11 @@ func TestGrantMovesToTheSessionNamed(t *testing.T) {
 	if res := call("proc.1"); res[0] != "1" {
 		t.Fatalf("call naming the next session: %q, want granted", res)
 	}
-	if c.SIsMember(ctx, p+"sl:proc.0", "w1").Val() || !c.SIsMember(ctx, p+"sl:proc.1", "w1").Val() {
-		t.Errorf("lease not moved: proc.0 %v, proc.1 %v", c.SMembers(ctx, p+"sl:proc.0").Val(), c.SMembers(ctx, p+"sl:proc.1").Val())
+	k0, k1 := redistest.LeaseKey(ctx, c, p, "proc.0"), redistest.LeaseKey(ctx, c, p, "proc.1")
+	if c.HExists(ctx, k0, "w1").Val() || !c.HExists(ctx, k1, "w1").Val() {
+		t.Errorf("lease not moved: proc.0 %v, proc.1 %v", c.HKeys(ctx, k0).Val(), c.HKeys(ctx, k1).Val())
 	}
-	rec := c.HGet(ctx, p+"lx", "w1").Val()
+	rec := c.HGet(ctx, k1, "w1").Val()
 	if l, err := recpack.DecodeLease(rec); err != nil || l.Session != "proc.1" {
 		t.Errorf("lease record %q (%+v, %v) does not name its new session", rec, l, err)
 	}
@@ -504,8 +510,8 @@ func TestHandoffExtendsSessionOnlyAsFarAsTheWaiterVouches(t *testing.T) {
 	}
 	p := "rb:{" + hex.EncodeToString([]byte("vouch")) + "}:"
 	sid := redisstore.SessionID(dead)
-	if !c.SIsMember(ctx, p+"sl:"+sid, "queued").Val() {
-		t.Fatalf("the handoff did not grant the waiter into its session: %v", c.SMembers(ctx, p+"sl:"+sid).Val())
+	if k := redistest.LeaseKey(ctx, c, p, sid); !c.HExists(ctx, k, "queued").Val() {
+		t.Fatalf("the handoff did not grant the waiter into its session: %v", c.HKeys(ctx, k).Val())
 	}
 	got, err := c.ZScore(ctx, p+"sexp", sid).Result()
 	if err != nil {

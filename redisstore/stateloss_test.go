@@ -75,15 +75,17 @@ func TestStateLoss(t *testing.T) {
 			// Back under its session, which is alive and renewed.
 			c, ctx := srv.Client(t), context.Background()
 			p := "rb:{" + hex.EncodeToString([]byte("loss")) + "}:"
-			rec, err := recpack.DecodeLease(c.HGet(ctx, p+"lx", held.ID()).Val())
+			v, _ := redistest.Lease(ctx, c, p, held.ID())
+			rec, err := recpack.DecodeLease(v)
 			if err != nil {
 				t.Fatalf("lease record after the loss: %v", err)
 			}
 			sid := rec.Session
 			deadline, err := c.ZScore(ctx, p+"sexp", sid).Result()
-			if !c.SIsMember(ctx, p+"sl:"+sid, held.ID()).Val() || err != nil || time.UnixMicro(int64(deadline)).Before(time.Now()) {
-				t.Errorf("lease not back in a live session: record %+v, member %v, deadline %v (%v)",
-					rec, c.SIsMember(ctx, p+"sl:"+sid, held.ID()).Val(), deadline, err)
+			in := c.HExists(ctx, redistest.LeaseKey(ctx, c, p, sid), held.ID()).Val()
+			if !in || err != nil || time.UnixMicro(int64(deadline)).Before(time.Now()) {
+				t.Errorf("lease not back in a live session: record %+v, in its hash %v, deadline %v (%v)",
+					rec, in, deadline, err)
 			}
 			released := time.Now()
 			held.Release()

@@ -14,6 +14,7 @@ type waiting struct {
 	answered time.Time     // when the latest acquire call answered was sent
 	granted  bool          // a script granted it by handoff and said so
 	grantSid string        // the session the handoff granted it in
+	sid      string        // the session its latest call named (where a handoff grants it)
 	short    time.Duration // how much earlier than its liveness deadline that session ends
 	cutOff   bool          // a call of it was cut off by its ctx on its way: it may still land
 	// queued: its latest call answered Queued or Delayed and no call of it

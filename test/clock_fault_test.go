@@ -198,7 +198,7 @@ func clockJump(t *testing.T, jumps []time.Duration) {
 		reclaimed := make(chan time.Duration, 1)
 		go func() {
 			for time.Since(at) < 2*phase {
-				if n, err := c.HExists(context.Background(), p+"lx", dl.ID()).Result(); err == nil && !n {
+				if _, n, err := redistest.FindLease(context.Background(), c, p, dl.ID()); err == nil && !n {
 					reclaimed <- time.Since(at)
 					return
 				}

@@ -164,7 +164,8 @@ func TestFault11MaxMemory(t *testing.T) {
 		l.Release()
 	}
 	ledgerOK := checkLedger(t, c, name)
-	if live := c.HLen(ctx, "rb:{"+hex.EncodeToString([]byte(name))+"}:lx").Val(); live != 15 {
+	if recs, _ := redistest.Leases(ctx, c, "rb:{"+hex.EncodeToString([]byte(name))+"}:"); len(recs) != 15 {
+		live := len(recs)
 		t.Errorf("%d leases live in Redis after releasing 5 of 20 over the limit, want 15", live)
 	}
 	c.ConfigSet(ctx, "maxmemory", "0")
@@ -191,7 +192,8 @@ func checkLedger(t testing.TB, c *redis.Client, name string) bool {
 	ctx := context.Background()
 	p := "rb:{" + hex.EncodeToString([]byte(name)) + "}:"
 	perDomain := map[string]int{}
-	for _, rec := range c.HGetAll(ctx, p+"lx").Val() {
+	recs, _ := redistest.Leases(ctx, c, p)
+	for _, rec := range recs {
 		l, err := recpack.DecodeLease(rec)
 		if err != nil || !l.Request {
 			continue

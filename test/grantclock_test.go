@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
 	"github.com/runbudget/runbudget/internal/recpack"
+	"github.com/runbudget/runbudget/internal/redistest"
 	"github.com/runbudget/runbudget/test/history"
 )
 
@@ -67,8 +68,8 @@ func (s *grantTimed) TryAcquire(ctx context.Context, id string, req budget.Reque
 func (g *grantClock) read(id string) (time.Time, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	v, err := g.c.HGet(ctx, g.prefix+"lx", id).Result()
-	if err != nil {
+	v, ok := redistest.Lease(ctx, g.c, g.prefix, id)
+	if !ok {
 		return time.Time{}, false
 	}
 	rec, err := recpack.DecodeLease(v)

@@ -227,9 +227,9 @@ func runLostWrites(t *testing.T, rig crashRig, size crashSize, pins int, pinClie
 		// counted from that renewal, have the longest time to outlive it.
 		// Nothing outside the store announces a heartbeat: poll the
 		// session's deadline on the master, for at most two intervals.
-		v, err := masterClient.HGet(opCtx, prefix+"lx", z.ID()).Result()
-		if err != nil {
-			t.Fatalf("the lease's record on the master: %v", err)
+		v, ok, err := redistest.FindLease(opCtx, masterClient, prefix, z.ID())
+		if err != nil || !ok {
+			t.Fatalf("the lease's record on the master: %v (found: %v)", err, ok)
 		}
 		pinned, err := recpack.DecodeLease(v)
 		if err != nil {
@@ -302,7 +302,7 @@ func runLostWrites(t *testing.T, rig crashRig, size crashSize, pins int, pinClie
 		missed := cut.Missed(t)
 		onReplica := 0
 		for _, id := range pinIDs {
-			if replicaClient.HExists(opCtx, prefix+"lx", id).Val() {
+			if _, ok := redistest.Lease(opCtx, replicaClient, prefix, id); ok {
 				onReplica++
 			}
 		}
@@ -364,11 +364,11 @@ func runLostWrites(t *testing.T, rig crashRig, size crashSize, pins int, pinClie
 				}
 				back := 0
 				for _, id := range pinIDs {
-					if replicaClient.HExists(sctx, prefix+"lx", id).Val() {
+					if _, ok := redistest.Lease(sctx, replicaClient, prefix, id); ok {
 						back++
 					}
 				}
-				released := replicaClient.HExists(sctx, prefix+"lx", z.ID()).Val()
+				_, released := redistest.Lease(sctx, replicaClient, prefix, z.ID())
 				if sctx.Err() != nil {
 					return
 				}

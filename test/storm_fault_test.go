@@ -206,7 +206,7 @@ func TestFault23ConnectionStorm(t *testing.T) {
 	ref := startReferee(t, func(string) int { return slots })
 	res := faultDomain(0).ID + "/get"
 	req := budget.Request{Domains: []budget.Domain{faultDomain(0)}, Class: budget.OpGet}
-	leaseKey := "rb:{" + hex.EncodeToString([]byte(name)) + "}:lx"
+	prefix := "rb:{" + hex.EncodeToString([]byte(name)) + "}:"
 	var withoutStore, expired atomic.Int64
 	// admitted checks a grant on a connection the storm spares, then tells
 	// the referee. A grant made without the store would have no lease
@@ -214,7 +214,7 @@ func TestFault23ConnectionStorm(t *testing.T) {
 	// once reached its host only after its lease had expired.
 	var lag atomic.Int64 // this process's worst timer lag so far
 	admitted := func(l *budget.Lease, lane string) *refClient {
-		if ok, err := checker.HExists(ctx, leaseKey, l.ID()).Result(); err != nil {
+		if _, ok, err := redistest.FindLease(ctx, checker, prefix, l.ID()); err != nil {
 			t.Errorf("checking lease %s: %v", l.ID(), err)
 		} else if !ok {
 			select {
