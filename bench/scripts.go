@@ -13,6 +13,7 @@ import (
 
 	"github.com/runbudget/runbudget/admission"
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/internal/recpack"
 	"github.com/runbudget/runbudget/lease"
 	"github.com/runbudget/runbudget/luascripts"
 	"github.com/runbudget/runbudget/redisstore"
@@ -172,9 +173,15 @@ func scriptCosts(ctx context.Context, e *env) error {
 		// replaces their liveness calls: one call for up to 64 of them.
 		k := min(64, n) // waiters queued by the step above, when it runs
 		add(fmt.Sprintf("renew.w64.d%d", dn), fmt.Sprintf("renew, %d queued waiters in one call", k)+suffix, repeat(max(n/10, 1), func(ctx context.Context) error {
+			// Each waiter with the session its calls named, as the store
+			// sends it: from its record (one GET, not the script's).
+			w, err := recpack.DecodeWaiter(c.Get(ctx, strings.TrimSuffix(queuedCfg, "cfg")+"w:"+waiters[0]).Val())
+			if err != nil {
+				return fmt.Errorf("renew: the first waiter's record: %v", err)
+			}
 			args := []any{"PUBLISH", strconv.FormatInt((20 * time.Hour).Milliseconds(), 10), "", strconv.FormatInt(time.Hour.Milliseconds(), 10), k}
 			for _, id := range waiters[:k] {
-				args = append(args, id)
+				args = append(args, id, w.Session)
 			}
 			// Their domains, as redisstore encodes them: the script tries
 			// whichever of them heads a queue (blocked by the holder).

@@ -155,13 +155,24 @@
 // struct library the string is binary (text before, and on miniredis
 // still); a text record an older build queued is read as it is.
 //
-// From this build on a budget's config may name the layout its keys are
-// kept in (absent: this build's, layout 1), and a build refuses a budget
-// kept in a newer layout than it reads, before it touches anything: every
-// call fails with an error wrapping budget.ErrLimitsConflict that names
-// both layouts. So a later build that changes the layout can count on
-// hosts of this build or later to stop instead of misreading it; hosts of
-// builds before this one cannot tell, and must be stopped first.
+// A budget's config names the layout its keys are kept in (absent: layout
+// 1), and a build refuses a budget kept in a newer layout than it reads,
+// before it touches anything: every call fails with an error wrapping
+// budget.ErrLimitsConflict that names both layouts. Builds that read
+// layouts did so from layout 1 on; hosts of builds before them cannot
+// tell, and must be stopped first.
+//
+// This build keeps layout 2: each session's leases are one hash of their
+// own, where layout 1 kept every lease of a group in one hash beside a set
+// of lease ids per session, so a grant writes one key and a release reads
+// and deletes one field (two commands fewer per contended admission). The
+// hash's name carries the epoch the counts are of, so a state loss or a
+// clock jump that wipes the counts leaves the old records unreadable. The
+// first call of this build on a budget in layout 1 converts it in one
+// step, leases, waiters and places in line kept, and names layout 2 with
+// the limits' JSON changed in its bytes (the layout put first): hosts of
+// the older build then re-read the layout and fail closed, so upgrade
+// every host of a run together.
 //
 // Keys expire after max(20 x TTL, 5 min) without use, so an idle budget
 // leaves nothing behind; a domain's key lives at least until its bucket is

@@ -36,8 +36,15 @@ type grantClock struct {
 	at map[string]time.Time // lease ID -> the store's time of its grant
 }
 
-// wrap returns s with grants timed.
-func (g *grantClock) wrap(s budget.Store) budget.Store { return &grantTimed{Store: s, g: g} }
+// wrap returns s with grants timed. spy, if given, watches s's client: a
+// grant is looked for in the session it names first (redistest.FindLease).
+func (g *grantClock) wrap(s budget.Store, spy ...*redistest.SessionSpy) budget.Store {
+	t := &grantTimed{Store: s, g: g}
+	if len(spy) > 0 {
+		t.spy = spy[0]
+	}
+	return t
+}
 
 func (g *grantClock) times() map[string]time.Time {
 	g.mu.Lock()
@@ -47,13 +54,18 @@ func (g *grantClock) times() map[string]time.Time {
 
 type grantTimed struct {
 	budget.Store
-	g *grantClock
+	g   *grantClock
+	spy *redistest.SessionSpy // nil: no hint
 }
 
 func (s *grantTimed) TryAcquire(ctx context.Context, id string, req budget.Request) (budget.Attempt, error) {
 	att, err := s.Store.TryAcquire(ctx, id, req)
 	if err == nil && att.Outcome == budget.Granted {
-		if at, ok := s.g.read(id); ok {
+		hint := ""
+		if s.spy != nil {
+			hint = s.spy.Session()
+		}
+		if at, ok := s.g.read(id, hint); ok {
 			s.g.mu.Lock()
 			s.g.at[id] = at
 			s.g.mu.Unlock()
@@ -65,11 +77,11 @@ func (s *grantTimed) TryAcquire(ctx context.Context, id string, req budget.Reque
 // read returns the time of lease id's grant on this machine's wall clock:
 // the record's grant time (group time in us) less the group's clock offset
 // (absent: none). False when the record is gone or unreadable.
-func (g *grantClock) read(id string) (time.Time, bool) {
+func (g *grantClock) read(id, hint string) (time.Time, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	v, ok := redistest.Lease(ctx, g.c, g.prefix, id)
-	if !ok {
+	v, ok, err := redistest.FindLease(ctx, g.c, g.prefix, id, hint)
+	if !ok || err != nil {
 		return time.Time{}, false
 	}
 	rec, err := recpack.DecodeLease(v)

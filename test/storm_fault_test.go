@@ -119,8 +119,9 @@ func TestFault23ConnectionStorm(t *testing.T) {
 	}
 
 	type host struct {
-		c *redis.Client
-		b *budget.Budget
+		c   *redis.Client
+		b   *budget.Budget
+		spy *redistest.SessionSpy // the session its calls name
 	}
 	var (
 		hostsMu sync.Mutex
@@ -150,18 +151,20 @@ func TestFault23ConnectionStorm(t *testing.T) {
 	clock := newGrantClock(checker, name)
 	newHost := func(user string) (*host, error) {
 		c := client(user)
+		spy := &redistest.SessionSpy{}
+		c.AddHook(spy)
 		s, err := redisstore.New(c, name, redisstore.WithLeaseTTL(stormL))
 		if err != nil {
 			c.Close()
 			return nil, err
 		}
 		rec := history.NewRecorder(s, user+"/"+strconv.Itoa(int(hostSeq.Add(1))))
-		b, err := budget.New(faultLimits(slots), budget.WithStore(clock.wrap(rec)), budget.WithUnavailableGrace(grace))
+		b, err := budget.New(faultLimits(slots), budget.WithStore(clock.wrap(rec, spy)), budget.WithUnavailableGrace(grace))
 		if err != nil {
 			c.Close()
 			return nil, err
 		}
-		h := &host{c: c, b: b}
+		h := &host{c: c, b: b, spy: spy}
 		hostsMu.Lock()
 		all = append(all, h)
 		recs = append(recs, rec)
@@ -213,8 +216,8 @@ func TestFault23ConnectionStorm(t *testing.T) {
 	// record in Redis; one whose record is gone and whose Lost() fires at
 	// once reached its host only after its lease had expired.
 	var lag atomic.Int64 // this process's worst timer lag so far
-	admitted := func(l *budget.Lease, lane string) *refClient {
-		if _, ok, err := redistest.FindLease(ctx, checker, prefix, l.ID()); err != nil {
+	admitted := func(h *host, l *budget.Lease, lane string) *refClient {
+		if _, ok, err := redistest.FindLease(ctx, checker, prefix, l.ID(), h.spy.Session()); err != nil {
 			t.Errorf("checking lease %s: %v", l.ID(), err)
 		} else if !ok {
 			select {
@@ -263,7 +266,7 @@ func TestFault23ConnectionStorm(t *testing.T) {
 		}
 		var rc *refClient
 		if report {
-			rc = admitted(l, lane)
+			rc = admitted(h, l, lane)
 		}
 		hd := &holder{stop: make(chan struct{}), done: make(chan struct{})}
 		go func() {
@@ -409,7 +412,7 @@ func TestFault23ConnectionStorm(t *testing.T) {
 				continue
 			}
 			grantedAt[i] = time.Now()
-			rc := admitted(l, "host"+strconv.Itoa(i))
+			rc := admitted(h, l, "host"+strconv.Itoa(i))
 			time.Sleep(sz.hold) // the work the lease is for
 			released(rc)
 			l.Release()

@@ -11,8 +11,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The second yardstick (-sketch): today's layout and today's commands,
-// with the Lua around them written flat. A join sends the 9 commands of
+// The second yardstick (-sketch): layout 1 and its commands (today's, layout
+// 2's, and the SADD and SREM of layout 1's session sets), with the Lua
+// around them written flat. A join sends the 9 commands of
 // today's acquire that queues behind another waiter, in its order, on the
 // same keys and values (the config's json and pc, the lease hash, the
 // waiter's record, the queue, wexp; the domain is not read behind a head,

@@ -1,7 +1,7 @@
 // Package recpack reads a budget's lease and waiter records (a field of
-// lx, and the value of w:<id>) as the scripts write them
-// (luascripts/lib.lua), for tests and tools that look at Redis directly
-// instead of through a script. Each record has two forms: binary, where the
+// its session's hash lx:<ce>:<sid>, and the value of w:<id>) as the
+// scripts write them (luascripts/lib.lua), for tests and tools that look
+// at Redis directly instead of through a script. Each record has two forms: binary, where the
 // server's Lua has the struct library (every Redis), and text, where it
 // has not (miniredis), which builds before the binary form also wrote.
 package recpack
