@@ -14,9 +14,9 @@
 -- ARGV[10] lease and waiter TTL, ms (a new session's too)
 -- ARGV[11] number of domains n, then ARGV[12..11+n] domain encodings
 --          (sorted, distinct)
--- ARGV[12+n] the session the waiter's previous call named (ARGV[6] again
---          on its first): a grant made into that one, by a handoff or a
---          call whose reply was lost, is found there
+-- ARGV[12+n] optional: the session the waiter's previous call named, when
+--          it differs from ARGV[6]: a grant made into that one, by a
+--          handoff or a call whose reply was lost, is found there
 -- Every call looks for a lease and a waiter of its own id, even the first
 -- the client sends: go-redis resends a call whose reply timed out, and a
 -- call that skipped the look would grant the same id twice (fault 12).
@@ -45,8 +45,9 @@ local body = int(ARGV[8], 'body flag', 0, 1, true)
 local consumer = ARGV[9]
 local ttl = int(ARGV[10], 'lease ttl', 1, 86400000, true) * 1000
 local n = int(ARGV[11], 'domain count', 1, 10000, true)
-if #ARGV ~= 12 + n then bad('domain count does not match the arguments') end
-local psid = id_arg(ARGV[12 + n], 'previous session id', true)
+if #ARGV ~= 11 + n and #ARGV ~= 12 + n then bad('domain count does not match the arguments') end
+local psid = ARGV[12 + n]
+if psid then psid = id_arg(psid, 'previous session id', true) else psid = sid end
 local encs
 if n == 1 then
   encs = split_encs(enc_arg(ARGV[12])) -- a list a library keeps (no comma in an encoding)

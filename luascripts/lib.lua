@@ -326,7 +326,7 @@ local function begin(keys, argv, keep)
   if not k then
     if type(CFG) ~= 'string' or string.sub(CFG, -4) ~= ':cfg' then bad('KEYS[1] must be a config key') end
     local p = string.sub(CFG, 1, -4)
-    k = {p = p, sexp = p .. 'sexp', wexp = p .. 'wexp', ce = false, lx = false}
+    k = {p = p, sexp = p .. 'sexp', wexp = p .. 'wexp', ce = false, lx = false, lk = false, nlk = 0, lt = false}
     if IN_LIBRARY then
       if NPFX >= PASSED_MAX then PFX, NPFX = {}, 0 end
       PFX[CFG], NPFX = k, NPFX + 1
@@ -964,8 +964,19 @@ end
 local function lxkey(sid)
   local lim, k = lims(), K
   local ce = lim and lim.ce or 0
-  if k.ce ~= ce then k.ce, k.lx = ce, k.p .. 'lx:' .. I(ce) .. ':' end
-  return k.lx .. sid
+  if k.ce ~= ce then
+    k.ce, k.lx, k.lk, k.nlk, k.lt = ce, k.p .. 'lx:' .. I(ce) .. ':', {}, 0, {}
+  end
+  -- The keys made, by session: a concatenation builds and hashes a new
+  -- string on every call, a lookup does not. Bounded like PASSED.
+  local lk = k.lk[sid]
+  if lk then return lk end
+  lk = k.lx .. sid
+  if IN_LIBRARY then
+    if k.nlk >= PASSED_MAX then k.lk, k.nlk, k.lt = {}, 0, {} end
+    k.lk[sid], k.nlk = lk, k.nlk + 1
+  end
+  return lk
 end
 
 -- Renews the config hash's TTL when half of it is spent, and with it those
@@ -1056,18 +1067,32 @@ local function lease_unpack(v)
   return {hr = tonumber(hr), hb = tonumber(hb), c = tonumber(c), g = tonumber(g), sid = sid, ds = ds, cs = cs}
 end
 
--- Writes lease id's record v in session sid. The empty field (no id is
--- empty) goes with every write, so HSET's reply counts 2 only when this
--- write made the key, and only then is its TTL set here: the session's
--- heartbeats renew it from then on. So the key of a live session outlives
--- its last lease, holding the empty field alone, until the session ends
--- (end_session deletes it) or its TTL runs out. A call that found TIME
--- gone back renews it too, with the step (expire): keys renewed before
--- the step, the config among them, expire that much later by Redis's
--- clock, and the config must not outlive the records it vouches for.
-local function lease_put(sid, id, v)
-  local lk = lxkey(sid)
-  if redis.call('HSET', lk, id, v, '', '') == 2 or BACK > 0 then expire(lk, IDLE) end
+-- Writes lease id's record v in session sid. The key holds an empty field
+-- besides the leases (no id is empty), so it outlives the session's last
+-- lease with its TTL, until the session ends (end_session deletes it) or
+-- the TTL runs out; the session's heartbeats and the config's renewals
+-- renew it. A write that cannot vouch for the key writes the empty field
+-- too and renews its TTL: a library vouches for a key it wrote so less
+-- than half an idle TTL ago by Redis's own clock (K.lt), as nothing but
+-- end_session deletes one, and a new epoch's keys have other names. So a
+-- grant into a session a library knows is one HSET of one field. full
+-- asks for the whole write whatever the library knows (a re-assertion,
+-- which may revive an ended session's key). A call
+-- that found TIME gone back always renews, with the step (expire): keys
+-- renewed before the step, the config among them, expire that much later
+-- by Redis's clock, and the config must not outlive the records it
+-- vouches for.
+local function lease_put(sid, id, v, full)
+  local lk, k = lxkey(sid), K
+  local raw = real_clock()
+  local t = k.lt and k.lt[lk]
+  if t and t > raw and BACK == 0 and not full then
+    redis.call('HSET', lk, id, v)
+    return
+  end
+  redis.call('HSET', lk, id, v, '', '')
+  expire(lk, IDLE)
+  if IN_LIBRARY and k.lt then k.lt[lk] = raw + IDLE * 500 end
 end
 
 -- Moves a budget from layout 1 (LAYOUT): each record of lx goes to its
@@ -1166,7 +1191,9 @@ local function end_session(sid, now)
   redis.call('ZADD', gone, I(now), sid)
   redis.call('ZREMRANGEBYSCORE', gone, '-inf', I(now - IDLE * 1000))
   expire(gone, IDLE)
-  redis.call('DEL', P .. 'sd:' .. sid, lxkey(sid))
+  local lk = lxkey(sid)
+  redis.call('DEL', P .. 'sd:' .. sid, lk)
+  if K.lt then K.lt[lk] = nil end -- a re-assertion may revive it (lease_put)
 end
 
 -- A waiter is one string: its ticket, class, body flag, arrival (us), TTL

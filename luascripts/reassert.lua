@@ -86,7 +86,7 @@ for _ = 1, n do
       if hb == 1 then d.b = d.b + 1 end
       dsave(d, now, lim)
     end
-    lease_put(sid, id, lease_pack(hr, hb, class, now, sid, table.concat(encs, ','), consumer))
+    lease_put(sid, id, lease_pack(hr, hb, class, now, sid, table.concat(encs, ','), consumer), true)
     put = put + 1
   end
 end

@@ -262,18 +262,22 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 	for _, e := range encs {
 		args = append(args, e)
 	}
-	args = append(args, psid)
-	psidArg := len(args) - 1
 	// named moves the call on to session next: the previous one is where
 	// a grant of the call just made would be.
 	named := func(next string) {
 		s.mu.Lock()
 		w.sid = next
 		s.mu.Unlock()
-		args[psidArg], args[sidArg] = sid, next
-		sid = next
+		args[sidArg], psid, sid = next, sid, next
 	}
+	base := len(args)
 	for range 4 {
+		// The previous session goes only where it differs (acquire.lua's
+		// last argument, optional): most calls name the same one.
+		args = args[:base]
+		if psid != sid {
+			args = append(args, psid)
+		}
 		res, err := s.call(ctx, g, "acquire", s.sc.acquire, args...)
 		if err != nil {
 			if ctx.Err() != nil {
