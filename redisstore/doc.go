@@ -164,8 +164,9 @@
 //
 // This build keeps layout 2: each session's leases are one hash of their
 // own, where layout 1 kept every lease of a group in one hash beside a set
-// of lease ids per session, so a grant writes one key and a release reads
-// and deletes one field (two commands fewer per contended admission). The
+// of lease ids per session, so a grant writes one field and a release
+// reads and deletes one, with no set to keep beside them (BENCHMARKS.md,
+// layout 2). The
 // hash's name carries the epoch the counts are of, so a state loss or a
 // clock jump that wipes the counts leaves the old records unreadable. The
 // first call of this build on a budget in layout 1 converts it in one
