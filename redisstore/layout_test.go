@@ -226,14 +226,29 @@ func TestOldLeaseTextRead(t *testing.T) {
 // go, and the config names layout 2 with its JSON as this build sends it,
 // so a host of this build registers the same limits without a conflict. A
 // lease held across the conversion is released as usual, and a waiter
-// queued before it is granted in turn.
+// queued before it is granted in turn. On a real Redis (through the
+// library, and by EVALSHA) and on miniredis.
 func TestLayout1Converted(t *testing.T) {
-	for _, tc := range bothServers() {
+	type server struct {
+		name   string
+		client func(t *testing.T) *redis.Client
+		opts   []redisstore.Option
+	}
+	var servers []server
+	for _, s := range bothServers() {
+		servers = append(servers, server{s.name, s.client, nil})
+	}
+	servers = append(servers, server{"redis-evalsha", servers[0].client, []redisstore.Option{redisstore.WithEvalOnly()}})
+	for _, tc := range servers {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tc.client(t)
 			ctx := context.Background()
 			limits := budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 1}}
-			b := open(t, c, "layout1", limits, time.Minute)
+			b, err := budget.New(limits, budget.WithStore(mustStore(t, c, "layout1", append([]redisstore.Option{redisstore.WithLeaseTTL(time.Minute)}, tc.opts...)...)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
 			a := dom("a")
 			held := mustAcquire(t, b, get(a))
 			got := make(chan error, 1)
@@ -283,7 +298,7 @@ func TestLayout1Converted(t *testing.T) {
 			if v := c.HGet(ctx, k, held.ID()).Val(); v != recs[held.ID()] || c.PTTL(ctx, k).Val() <= 0 {
 				t.Errorf("the held lease in its session's hash: %q (TTL %v), want %q", v, c.PTTL(ctx, k).Val(), recs[held.ID()])
 			}
-			again, err := budget.New(limits, budget.WithStore(mustStore(t, c, "layout1")))
+			again, err := budget.New(limits, budget.WithStore(mustStore(t, c, "layout1", tc.opts...)))
 			if err != nil {
 				t.Fatalf("a host of this build with the same limits, after the conversion: %v", err)
 			}
