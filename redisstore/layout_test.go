@@ -40,6 +40,25 @@ func bothServers() []struct {
 	}
 }
 
+// layoutServer is a server a layout test runs on, with the store's options
+// there.
+type layoutServer struct {
+	name   string
+	client func(t *testing.T) *redis.Client
+	opts   []redisstore.Option
+}
+
+// layoutServers are bothServers and a real Redis again by EVALSHA, where
+// lib.lua reads the layout on every call instead of with the cached
+// limits.
+func layoutServers() []layoutServer {
+	var out []layoutServer
+	for _, s := range bothServers() {
+		out = append(out, layoutServer{s.name, s.client, nil})
+	}
+	return append(out, layoutServer{"redis-evalsha", out[0].client, []redisstore.Option{redisstore.WithEvalOnly()}})
+}
+
 // TestOldDomainHashConverted: a domain written by a build before the packed
 // layout is a hash (f<class index>, b, bk, tk, ta, ep, rx, ...). This build
 // converts it where it finds it, counts and TTL kept: a lease counted in
@@ -229,17 +248,7 @@ func TestOldLeaseTextRead(t *testing.T) {
 // queued before it is granted in turn. On a real Redis (through the
 // library, and by EVALSHA) and on miniredis.
 func TestLayout1Converted(t *testing.T) {
-	type server struct {
-		name   string
-		client func(t *testing.T) *redis.Client
-		opts   []redisstore.Option
-	}
-	var servers []server
-	for _, s := range bothServers() {
-		servers = append(servers, server{s.name, s.client, nil})
-	}
-	servers = append(servers, server{"redis-evalsha", servers[0].client, []redisstore.Option{redisstore.WithEvalOnly()}})
-	for _, tc := range servers {
+	for _, tc := range layoutServers() {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tc.client(t)
 			ctx := context.Background()
@@ -323,17 +332,7 @@ func TestLayout1Converted(t *testing.T) {
 // names both layouts, and changes nothing; a config naming this build's layout, or none, is served.
 // On a real Redis (through the library, and by EVALSHA) and on miniredis.
 func TestNewerLayoutRefused(t *testing.T) {
-	type server struct {
-		name   string
-		client func(t *testing.T) *redis.Client
-		opts   []redisstore.Option
-	}
-	servers := []server{}
-	for _, s := range bothServers() {
-		servers = append(servers, server{s.name, s.client, nil})
-	}
-	servers = append(servers, server{"redis-evalsha", servers[0].client, []redisstore.Option{redisstore.WithEvalOnly()}})
-	for _, sv := range servers {
+	for _, sv := range layoutServers() {
 		t.Run(sv.name, func(t *testing.T) {
 			c := sv.client(t)
 			ctx := context.Background()
