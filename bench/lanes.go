@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/internal/recpack"
 )
 
 const (
@@ -322,9 +323,6 @@ func heldLeases(ctx context.Context, c redis.UniversalClient, prefix string, own
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return 0, err
 	}
-	if ce == "" {
-		ce = "0"
-	}
 	sids, err := c.ZRange(ctx, prefix+"sexp", 0, -1).Result()
 	own["zrange"]++
 	if err != nil {
@@ -333,7 +331,7 @@ func heldLeases(ctx context.Context, c redis.UniversalClient, prefix string, own
 	pipe := c.Pipeline()
 	lens := make([]*redis.IntCmd, len(sids))
 	for i, sid := range sids {
-		lens[i] = pipe.HLen(ctx, prefix+"lx:"+ce+":"+sid)
+		lens[i] = pipe.HLen(ctx, recpack.LeaseKey(prefix, ce, sid))
 	}
 	own["hlen"] += int64(len(sids))
 	if len(sids) > 0 {

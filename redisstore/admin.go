@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/internal/recpack"
 	"github.com/runbudget/runbudget/lease"
 )
 
@@ -186,13 +187,10 @@ func (a *Admin) List(ctx context.Context) ([]BudgetSummary, error) {
 			// A hash per session (lib.lua, lxkey), each with one field
 			// that is no lease.
 			ce, _ := cfg.Val()[1].(string)
-			if ce == "" {
-				ce = "0"
-			}
 			pipe := a.client.Pipeline()
 			lens := make([]*redis.IntCmd, 0, len(sessions.Val()))
 			for _, sid := range sessions.Val() {
-				lens = append(lens, pipe.HLen(ctx, p+"lx:"+ce+":"+sid))
+				lens = append(lens, pipe.HLen(ctx, recpack.LeaseKey(p, ce, sid)))
 			}
 			if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 				return nil, fmt.Errorf("redisstore: listing budgets: %w: %v", budget.ErrUnavailable, err)

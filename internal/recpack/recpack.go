@@ -18,6 +18,17 @@ import (
 // a digit.
 const Version = 1
 
+// LeaseKey is the key of session sid's leases in the group whose keys
+// start with prefix ("rb:{<hex>}:"), where ce is the config's field of that
+// name ("" reads as 0, as the scripts read a config without it):
+// luascripts/lib.lua, lxkey.
+func LeaseKey(prefix, ce, sid string) string {
+	if ce == "" {
+		ce = "0"
+	}
+	return prefix + "lx:" + ce + ":" + sid
+}
+
 // Lease is a lease record.
 type Lease struct {
 	Request, Body bool   // the parts still held

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+	"github.com/runbudget/runbudget/internal/recpack"
 )
 
 // Lease records as a test sees them in Redis, without a script: each
@@ -18,11 +19,17 @@ import (
 
 // LeaseKey is the key of session sid's leases in the group under prefix.
 func LeaseKey(ctx context.Context, c redis.UniversalClient, prefix, sid string) string {
+	ce, _ := configCE(ctx, c, prefix)
+	return recpack.LeaseKey(prefix, ce, sid)
+}
+
+// configCE reads the group's ce ("" when its config has none, or is gone).
+func configCE(ctx context.Context, c redis.UniversalClient, prefix string) (string, error) {
 	ce, err := c.HGet(ctx, prefix+"cfg", "ce").Result()
-	if err != nil || ce == "" {
-		ce = "0"
+	if errors.Is(err, redis.Nil) {
+		return "", nil
 	}
-	return prefix + "lx:" + ce + ":" + sid
+	return ce, err
 }
 
 // Leases returns the records of every lease of the group under prefix, by
@@ -30,8 +37,9 @@ func LeaseKey(ctx context.Context, c redis.UniversalClient, prefix, sid string) 
 // a session's hash goes when it ends.
 func Leases(ctx context.Context, c redis.UniversalClient, prefix string) (recs, sessions map[string]string) {
 	recs, sessions = map[string]string{}, map[string]string{}
+	ce, _ := configCE(ctx, c, prefix)
 	for _, sid := range c.ZRange(ctx, prefix+"sexp", 0, -1).Val() {
-		for id, v := range c.HGetAll(ctx, LeaseKey(ctx, c, prefix, sid)).Val() {
+		for id, v := range c.HGetAll(ctx, recpack.LeaseKey(prefix, ce, sid)).Val() {
 			if id != "" {
 				recs[id], sessions[id] = v, sid
 			}
@@ -52,18 +60,15 @@ func Lease(ctx context.Context, c redis.UniversalClient, prefix, id string) (str
 // then in every session's hash, in one pipeline: a budget of many hosts
 // has as many sessions.
 func FindLease(ctx context.Context, c redis.UniversalClient, prefix, id string, first ...string) (string, bool, error) {
-	ce, err := c.HGet(ctx, prefix+"cfg", "ce").Result()
-	switch {
-	case errors.Is(err, redis.Nil) || ce == "":
-		ce = "0"
-	case err != nil:
+	ce, err := configCE(ctx, c, prefix)
+	if err != nil {
 		return "", false, err
 	}
 	for _, sid := range first {
 		if sid == "" {
 			continue
 		}
-		v, err := c.HGet(ctx, prefix+"lx:"+ce+":"+sid, id).Result()
+		v, err := c.HGet(ctx, recpack.LeaseKey(prefix, ce, sid), id).Result()
 		if err == nil {
 			return v, true, nil
 		}
@@ -78,7 +83,7 @@ func FindLease(ctx context.Context, c redis.UniversalClient, prefix, id string, 
 	pipe := c.Pipeline()
 	gets := make([]*redis.StringCmd, len(sids))
 	for i, sid := range sids {
-		gets[i] = pipe.HGet(ctx, prefix+"lx:"+ce+":"+sid, id)
+		gets[i] = pipe.HGet(ctx, recpack.LeaseKey(prefix, ce, sid), id)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return "", false, err
