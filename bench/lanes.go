@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/internal/dompack"
 	"github.com/runbudget/runbudget/internal/recpack"
 )
 
@@ -55,7 +56,6 @@ func (w windowResult) scriptBusy() float64 {
 // and before the window opens the waiters are awaited until there are
 // wantDepth of them.
 func (e *env) window(ctx context.Context, c crew, total int, prefix string, wantDepth int) (windowResult, error) {
-	waiters := prefix + "wexp"
 	own := map[string]int64{} // the samples' own commands, by name
 	var res windowResult
 	for i, w := range c {
@@ -80,7 +80,7 @@ func (e *env) window(ctx context.Context, c crew, total int, prefix string, want
 	}()
 	if prefix != "" && wantDepth > 0 {
 		if err := until(ctx, func() (bool, error) {
-			n, err := e.admin.ZCard(ctx, waiters).Result()
+			n, err := queuedWaiters(ctx, e.admin, prefix, map[string]int64{})
 			return n >= int64(wantDepth*9/10), err
 		}); err != nil {
 			return res, fmt.Errorf("queue never reached %d waiters: %w", wantDepth, err)
@@ -105,12 +105,11 @@ func (e *env) window(ctx context.Context, c crew, total int, prefix string, want
 		tick := time.NewTicker(e.sz.window / 20)
 		for end := t0.Add(e.sz.window); time.Now().Before(end); {
 			<-tick.C
-			w, err := e.admin.ZCard(ctx, waiters).Result()
+			w, err := queuedWaiters(ctx, e.admin, prefix, own)
 			if err != nil {
 				tick.Stop()
 				return res, err
 			}
-			own["zcard"]++
 			l, err := heldLeases(ctx, e.admin, prefix, own)
 			if err != nil {
 				tick.Stop()
@@ -314,9 +313,43 @@ func p3p4(ctx context.Context, e *env) error {
 	return nil
 }
 
+// queuedWaiters counts the waiters of the budget under prefix: each
+// domain's value says how many live entries its queue holds, and how many
+// of them belong to requests on several domains whose first it is not
+// (lib.lua, DFIX). It counts the commands it sends in own.
+func queuedWaiters(ctx context.Context, c redis.UniversalClient, prefix string, own map[string]int64) (int64, error) {
+	ce, err := c.HGet(ctx, prefix+"cfg", "ce").Int64()
+	own["hget"]++
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return 0, err
+	}
+	encs, err := c.ZRange(ctx, prefix+"doms", 0, -1).Result()
+	own["zrange"]++
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, enc := range encs {
+		v, err := c.Get(ctx, prefix+"d:"+enc).Result()
+		own["get"]++
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		if d, err := dompack.Decode(v, budget.NumClasses); err == nil && d.Epoch == ce {
+			n += int64(d.Waiters - d.Secondary)
+		}
+	}
+	return n, nil
+}
+
 // heldLeases counts the leases of the budget under prefix: each session
 // keeps its own in a hash, lx:<ce>:<sid>, with one field that is no lease
-// (lib.lua, lxkey and lease_put). It counts the commands it sends in own.
+// (lib.lua, lxkey and lease_put), beside the markers of its queued
+// waiters (lib.lua, Queues), which it tells by their first byte. It counts
+// the commands it sends in own.
 func heldLeases(ctx context.Context, c redis.UniversalClient, prefix string, own map[string]int64) (int64, error) {
 	ce, err := c.HGet(ctx, prefix+"cfg", "ce").Result()
 	own["hget"]++
@@ -329,19 +362,23 @@ func heldLeases(ctx context.Context, c redis.UniversalClient, prefix string, own
 		return 0, err
 	}
 	pipe := c.Pipeline()
-	lens := make([]*redis.IntCmd, len(sids))
+	vals := make([]*redis.StringSliceCmd, len(sids))
 	for i, sid := range sids {
-		lens[i] = pipe.HLen(ctx, recpack.LeaseKey(prefix, ce, sid))
+		vals[i] = pipe.HVals(ctx, recpack.LeaseKey(prefix, ce, sid))
 	}
-	own["hlen"] += int64(len(sids))
+	own["hvals"] += int64(len(sids))
 	if len(sids) > 0 {
 		if _, err := pipe.Exec(ctx); err != nil {
 			return 0, err
 		}
 	}
 	var n int64
-	for _, l := range lens {
-		n += max(l.Val()-1, 0)
+	for _, vs := range vals {
+		for _, v := range vs.Val() {
+			if _, waiter := recpack.DecodeMarker(v); v != "" && !waiter {
+				n++
+			}
+		}
 	}
 	return n, nil
 }

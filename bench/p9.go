@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/internal/recpack"
 	"github.com/runbudget/runbudget/internal/childproc"
 )
 
@@ -511,12 +512,13 @@ func p9NewWindow(r *p9Run, domains int, m0, m1 map[string]int64, s0, s1 []p9Snap
 // p9Census is the budget's keys at one moment, by kind.
 type p9Census struct {
 	bytes, keys                        map[string]int64 // by kind
-	waiters, queued, leases, sessions  int64            // ZCARD wexp, ZCARD q:*, leases in lx:*, ZCARD sexp, summed over groups
+	waiters, queued, leases, sessions  int64            // markers and leases in lx:*, ZCARD sexp, summed over groups (queued: waiters)
 	sessionSets, sessionLeases, groups int64            // the sessions' lease hashes lx:*, their leases, config keys
 }
 
 // p9Kind sorts a budget key by what it holds (see lib.lua's key layout):
-// waiter (w:*, wexp, q:*), lease (lx:<ce>:<sid>, a session's leases),
+// waiter (q:*, the queues; a waiter's marker sits in its session's lx:*),
+// lease (lx:<ce>:<sid>, a session's leases and its waiters' markers),
 // session (sexp, sd:*, sgone)
 // or other (cfg, d:*, doms, the registry).
 func p9Kind(key string) string {
@@ -525,7 +527,7 @@ func p9Kind(key string) string {
 		return "other"
 	}
 	switch {
-	case strings.HasPrefix(rest, "w:"), rest == "wexp", strings.HasPrefix(rest, "q:"):
+	case strings.HasPrefix(rest, "q:"):
 		return "waiter"
 	case strings.HasPrefix(rest, "lx:"):
 		return "lease"
@@ -551,14 +553,15 @@ func p9Count(ctx context.Context, r *p9Run) (p9Census, error) {
 				pipe := n.c.Pipeline()
 				mem := make([]*redis.IntCmd, len(ks))
 				size := make([]*redis.IntCmd, len(ks))
+				vals := make([]*redis.StringSliceCmd, len(ks))
 				for i, k := range ks {
 					mem[i] = pipe.MemoryUsage(ctx, k, 0)
 					_, rest, _ := strings.Cut(k, "}:")
 					switch {
-					case rest == "wexp", rest == "sexp", strings.HasPrefix(rest, "q:"):
+					case rest == "sexp":
 						size[i] = pipe.ZCard(ctx, k)
 					case strings.HasPrefix(rest, "lx:"):
-						size[i] = pipe.HLen(ctx, k)
+						vals[i] = pipe.HVals(ctx, k)
 					}
 				}
 				if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
@@ -578,17 +581,21 @@ func p9Count(ctx context.Context, r *p9Run) (p9Census, error) {
 					}
 					_, rest, _ := strings.Cut(k, "}:")
 					switch {
-					case rest == "wexp":
-						cen.waiters += sz
 					case rest == "sexp":
 						cen.sessions += sz
-					case strings.HasPrefix(rest, "q:"):
-						cen.queued += sz
-					case strings.HasPrefix(rest, "lx:"):
-						// One field of each is no lease (lib.lua, lease_put).
-						cen.leases += max(sz-1, 0)
+					case strings.HasPrefix(rest, "lx:") && vals[i] != nil:
+						// One field of each is no lease (lib.lua, lease_put),
+						// and a waiter's marker is none either (Queues).
 						cen.sessionSets++
-						cen.sessionLeases += max(sz-1, 0)
+						for _, v := range vals[i].Val() {
+							if _, waiter := recpack.DecodeMarker(v); waiter {
+								cen.waiters++
+								cen.queued++
+							} else if v != "" {
+								cen.leases++
+								cen.sessionLeases++
+							}
+						}
 					case rest == "cfg":
 						cen.groups++
 					}
@@ -829,7 +836,7 @@ func (e *env) p9Figures(sec string, r *p9Run, c p9Config, hosts int, ws []p9Wind
 	}
 	const steadyNote = "steady point"
 	once("conns_idle", "connections held by the hosts before their lanes started", "conns", float64(clientsIdle), "measured once")
-	once("waiters", "waiters queued in Redis (ZCARD wexp, summed over groups)", "", float64(cen.waiters), steadyNote)
+	once("waiters", "waiters queued in Redis (markers in the sessions' lx:*, summed over groups)", "", float64(cen.waiters), steadyNote)
 	once("leases", "leases held in Redis (the sessions' lease hashes lx:*, summed over groups)", "", float64(cen.leases), steadyNote)
 	once("sessions", "sessions in Redis (ZCARD sexp, summed over groups)", "", float64(cen.sessions), steadyNote)
 	once("mem_used_mb", "Redis used_memory, growth since before the hosts (summed)", "MB", float64(usedDelta)/1e6, steadyNote)
@@ -838,7 +845,7 @@ func (e *env) p9Figures(sec string, r *p9Run, c p9Config, hosts int, ws []p9Wind
 	once("mem_used_per_waiter", "used_memory growth less connections, per waiter (leases, sessions, channels included)", "bytes",
 		float64(usedDelta-clientsMemDelta)/float64(max(cen.waiters, 1)), steadyNote)
 	once("mem_per_conn", "connection memory per connection (mem_clients_normal)", "bytes", float64(clientsMemDelta)/float64(max(connsSteady, 1)), steadyNote)
-	once("mem_waiter", "key memory per waiter (w:*, wexp, q:*; MEMORY USAGE)", "bytes", float64(cen.bytes["waiter"])/float64(max(cen.waiters, 1)), steadyNote)
+	once("mem_waiter", "key memory per waiter (q:*, without its marker in lx:*; MEMORY USAGE)", "bytes", float64(cen.bytes["waiter"])/float64(max(cen.waiters, 1)), steadyNote)
 	once("mem_lease", "key memory per lease (the sessions' lease hashes lx:*)", "bytes", float64(cen.bytes["lease"])/float64(max(cen.leases, 1)), steadyNote)
 	once("mem_session", "key memory per session (sexp, sd:*, sgone)", "bytes", float64(cen.bytes["session"])/float64(max(cen.sessions, 1)), steadyNote)
 	var keyBytes int64

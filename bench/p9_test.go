@@ -18,8 +18,8 @@ import (
 
 func TestP9Kind(t *testing.T) {
 	for key, want := range map[string]string{
-		"rb:{6162}:w:x.1":           "waiter",
-		"rb:{6162}:wexp":            "waiter",
+		"rb:{6162}:w:x.1":           "other", // layout 2's waiter records, gone with it
+		"rb:{6162}:wexp":            "other",
 		"rb:{6162.6430}:q:1.6430":   "waiter",
 		"rb:{6162}:lx:17:p.1":       "lease",
 		"rb:{6162}:lxz":             "other",

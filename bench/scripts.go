@@ -174,10 +174,17 @@ func scriptCosts(ctx context.Context, e *env) error {
 		k := min(64, n) // waiters queued by the step above, when it runs
 		add(fmt.Sprintf("renew.w64.d%d", dn), fmt.Sprintf("renew, %d queued waiters in one call", k)+suffix, repeat(max(n/10, 1), func(ctx context.Context) error {
 			// Each waiter with the session its calls named, as the store
-			// sends it: from its record (one GET, not the script's).
-			w, err := recpack.DecodeWaiter(c.Get(ctx, strings.TrimSuffix(queuedCfg, "cfg")+"w:"+waiters[0]).Val())
-			if err != nil {
-				return fmt.Errorf("renew: the first waiter's record: %v", err)
+			// sends it: from its queue entry (one GET, not the script's).
+			d0 := nreq.Domains[0]
+			es, err := recpack.DecodeQueue(c.Get(ctx, strings.TrimSuffix(queuedCfg, "cfg")+fmt.Sprintf("q:%d.%x", d0.Version, d0.ID)).Val())
+			var w recpack.Entry
+			for _, e := range es {
+				if e.ID == waiters[0] {
+					w = e
+				}
+			}
+			if err != nil || w.ID == "" {
+				return fmt.Errorf("renew: the first waiter's entry: %v", err)
 			}
 			args := []any{"PUBLISH", strconv.FormatInt((20 * time.Hour).Milliseconds(), 10), "", strconv.FormatInt(time.Hour.Milliseconds(), 10), k}
 			for _, id := range waiters[:k] {

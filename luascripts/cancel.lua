@@ -20,6 +20,8 @@ for i = 1, n do sids[i] = id_arg(ARGV[5 + i], 'session id', true) end
 local now = clock()
 touch_cfg(now)
 reclaim(now)
-remove_waiter(id)
-for i = 1, n do retire(id, sids[i], 1, 1) end
+for i = 1, n do
+  remove_waiter(id, sids[i])
+  retire(id, sids[i], 1, 1)
+end
 return done(REPLY_OK)

@@ -58,7 +58,7 @@ reclaim(now)
 local sd = P .. 'sd:' .. sid
 if #done_ids > 0 then
   for i, id in ipairs(done_ids) do
-    remove_waiter(id)
+    remove_waiter(id, done_sids[i])
     retire(id, done_sids[i], 1, 1)
   end
   for first = 1, #done_ids, 1000 do

@@ -13,7 +13,9 @@
 --              queue, throttled}]   (tokens/burst/rate empty when unlimited)
 --   leases:  [{id, ds, c, parts, consumer, granted, expires, session}]
 --            (expires: the session's deadline; sessions by deadline)
---   waiters: [{id, ds, c, b, consumer, ticket, arrived, expires}]
+--   waiters: [{id, ds, c, b, consumer, ticket, arrived, expires, session}]
+--            (ticket: the arrival, us; expires: the session's deadline;
+--            in arrival order)
 -- Times are the call's clock (Redis TIME) in microseconds, as strings.
 
 local most = int(ARGV[4], 'most', 0, 1000000)
@@ -29,8 +31,7 @@ for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
   local d = dload(enc)
   if not d.new then
     local f = factor(d, now)
-    local ql = 0
-    if d.qf == 1 then ql = redis.call('ZCARD', d.q) end
+    local ql = d.nw
     local row = {enc = enc, b = I(d.b),
       factor = F(f), pause_us = I(math.max(0, d.pu - now)), queue = I(ql),
       throttled = I(d.th), tokens = '', burst = '', rate = ''}
@@ -44,29 +45,34 @@ for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
   end
 end
 
-local listed = 0
+local listed, waiting = 0, 0
 local ss = redis.call('ZRANGE', P .. 'sexp', 0, -1, 'WITHSCORES')
 for i = 1, #ss, 2 do
-  if listed >= most then break end
+  if listed >= most and waiting >= most then break end
   local kv = redis.call('HGETALL', lxkey(ss[i]))
   for j = 1, #kv, 2 do
-    if listed >= most then break end
-    local lid = kv[j]
-    local l = lid ~= '' and lease_unpack(kv[j + 1]) -- '': the key's own field (lib.lua, lease_put)
-    if l then
-      listed = listed + 1
-      out.leases[#out.leases + 1] = {id = lid, ds = (string.gsub(l.ds, ',', ' ')), c = I(l.c),
-        parts = I(l.hr + 2 * l.hb), consumer = l.cs, granted = I(l.g), expires = ss[i + 1], session = ss[i]}
+    local lid, v = kv[j], kv[j + 1]
+    local offs, ds = nil, nil
+    if lid ~= '' then offs, ds = mparse(v) end -- '': the key's own field (lib.lua, lease_put)
+    if offs then
+      -- A waiter's marker: its entry in its first queue has the rest.
+      local es = split_encs(ds)
+      local e = waiting < most and queued_at(dload(es[1]), offs[1], lid)
+      if e then
+        waiting = waiting + 1
+        out.waiters[#out.waiters + 1] = {id = lid, ds = (string.gsub(ds, ',', ' ')), c = I(e.c), b = I(e.b),
+          consumer = e.cs, ticket = I(e.at), arrived = I(e.at), expires = ss[i + 1], session = ss[i]}
+      end
+    else
+      local l = lid ~= '' and listed < most and lease_unpack(v)
+      if l then
+        listed = listed + 1
+        out.leases[#out.leases + 1] = {id = lid, ds = (string.gsub(l.ds, ',', ' ')), c = I(l.c),
+          parts = I(l.hr + 2 * l.hb), consumer = l.cs, granted = I(l.g), expires = ss[i + 1], session = ss[i]}
+      end
     end
   end
 end
-
-local ws = redis.call('ZRANGE', P .. 'wexp', 0, most - 1, 'WITHSCORES')
-for i = 1, #ws, 2 do
-  local w = wload(ws[i])
-  if w then
-    out.waiters[#out.waiters + 1] = {id = ws[i], ds = (string.gsub(w.ds, ',', ' ')), c = I(w.c), b = I(w.b),
-      consumer = w.cs, ticket = I(w.t), arrived = I(w.at), expires = ws[i + 1]}
-  end
-end
+-- Waiters in arrival order, as their queues hold them.
+table.sort(out.waiters, function(a, b) return a.arrived + 0 < b.arrived + 0 end)
 return done({R_OK, cjson.encode(out)})

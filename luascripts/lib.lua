@@ -29,37 +29,31 @@
 --
 -- Key layout under the prefix P:
 --   cfg          hash: limits (json, rps, burst, c0..c<NCLASS-1>, bodies),
---                seq (arrival tickets), epoch, qu (quarantine end
---                after a state loss), rid (the Redis run_id that wrote it),
---                rx (when its TTL runs out, by Redis TIME, us), rc (a time
---                no later than the earliest deadline in sexp and wexp: when
---                reclaim is due), lt and co (the group clock: the latest
---                time it read, and its offset from Redis TIME, us), tl (the
---                longest lease TTL registered, us), ce (the epoch the
---                domains' counts must be of), ly (the layout of the
---                budget's keys, absent for 1: see LAYOUT; this build's is 2)
+--                epoch, qu (quarantine end after a state loss), rid (the
+--                Redis run_id that wrote it), rx (when its TTL runs out,
+--                by Redis TIME, us), rc (a time no later than the earliest
+--                deadline in sexp: when reclaim is due), lt and co (the
+--                group clock: the latest time it read, and its offset from
+--                Redis TIME, us), tl (the longest lease TTL registered,
+--                us), ce (the epoch the domains' counts must be of), ly
+--                (the layout of the budget's keys, absent for 1: see
+--                LAYOUT; this build's is 3)
 --   d:<enc>      string: one domain's counts, bucket, throttle, start rate,
 --                ep (the epoch of its counts), rx (when its TTL runs out,
---                by Redis TIME, us) and whether its queue may hold
---                waiters, packed in one value (see DFIX; internal/dompack
---                reads it in Go). A build before this one kept a hash of
---                the same fields here: it is converted where found.
---   q:<enc>      zset: waiters of a domain, scored by arrival ticket; its
---                TTL follows the domain's (qexpire)
+--                by Redis TIME, us) and its queue's account (live waiters,
+--                where the line starts, the string's length), packed in
+--                one value (see DFIX; internal/dompack reads it in Go). A
+--                build before this one kept a hash of the same fields
+--                here: it is converted where found.
+--   q:<enc>      string: the waiters of a domain, one entry after another
+--                in arrival order (see Queues); its TTL follows the
+--                domain's (qexpire)
 --   doms         zset: domain encodings, scored by when their TTL was last
 --                set (for Usage)
---   w:<id>       string: a waiter (ticket, class, body flag, arrival, TTL,
---                process channel, session, domains, consumer), binary or
---                text (see wpack).
---                A build before this one kept a hash of the same fields
---                here: it is converted where found.
---   wexp         zset: waiter id -> liveness deadline (us): a TTL after
---                the waiter's latest acquire call, or after the latest
---                renew call of its process that found it still queued
---                (renew.lua); one that has passed is never renewed
 --   lx:<ce>:<sid>  hash: the leases of session sid, id -> packed record
---                (see lease_pack), and an empty field made with the key
---                (grant); <ce> is the config's ce in decimal, so a new
+--                (see lease_pack), the markers of its queued waiters, id ->
+--                "W<places> <domains>" (see Queues), and an empty field
+--                made with the key (grant); <ce> is the config's ce in decimal, so a new
 --                epoch that wipes the counts leaves every record of the
 --                old one behind unread, to expire (see lxkey)
 --   sexp         zset: session id -> deadline (us)
@@ -125,12 +119,13 @@
 -- of one, on every admission. So TTLs of the config and domain keys are
 -- renewed only when half spent (their rx field says when they run out),
 -- and the keys that live beside them with them (a queue with its domain,
--- wexp and sexp with the config, a session's leases by its heartbeats),
+-- sexp and the sessions' hashes with the config, a session's leases by its
+-- heartbeats),
 -- reclaim scans only when a deadline may have passed (rc), a domain is one
 -- value read with one GET and written only when it changed, a queue is
--- looked at only when its domain says it may hold waiters, a waiter that
--- joins behind another does not read its domain at all, and a call loads
--- a domain once.
+-- looked at only when its domain says it holds waiters, a waiter that
+-- joins behind another takes its place with one BITFIELD on its domain and
+-- does not unpack it, and a call loads a domain once.
 
 -- NCLASS, the number of operation classes, is defined by the line Source
 -- and Library put before this file, from budget's one table of classes: a
@@ -160,39 +155,37 @@ local REPLY_OK, REPLY_QUEUED = {R_OK}, {R_QUEUED}
 
 -- Per-call state, set by begin.
 local CFG, P, PUB, IDLE -- config key, key prefix, publish command, idle TTL (ms)
-local K                -- the prefix's busiest keys (sexp, wexp; lxkey's too), built once in a library
+local K                -- the prefix's busiest keys (sexp; lxkey's too), built once in a library
 local NOW, LIM, CANDS   -- the call's group time, limits, handoff candidates
 local PENDING           -- the candidates not yet tried, as a set
 local HEADS             -- queue key -> its head as this call knows it (false: empty)
-local NEXT              -- queue key -> the waiter after its head, as read with it (false: none; made on first use)
+local QBUF              -- queue key -> {from = offset, s = bytes}: what this call read of it (q_at)
 local LATE              -- domains a retirement left to save when the call ends (done; made on first use)
-local WC                -- waiter id -> its record as this call knows it (false: none)
 local RAW               -- the call's Redis TIME (or the clock given), us
 local REAL              -- Redis's own TIME, us: RAW unless a clock was given
 local BACK              -- how far TIME went back, as this call found (us)
 local GIVEN             -- whether ARGV[3] gave the clock
 local DC                -- domains loaded by this call, by encoding
 local STRUCT            -- the struct library, nil where there is none
-local NWREC, NLREC      -- waiter and lease records unpacked so far (REUSE)
+local NLREC, NEREC      -- lease records and queue entries unpacked so far (REUSE)
 local EXPMS, EXPS       -- the last TTL a key was renewed for, and its PXAT argument (expiry_arg)
 
--- Record tables (waiters', leases') are reused, as domain tables are
+-- Lease record and queue entry tables are reused, as domain tables are
 -- (DPOOL, below), but by position: the n-th record a call unpacks fills
--- the table the n-th of the previous call filled. No record outlives its
--- call (WC is the call's), so within a call every record is a table of its
--- own. Only the first RECS_MAX of a call are kept: a scan of thousands
+-- the table the n-th of the previous call filled. No record outlives its call, so within a
+-- call every record is a table of its own. Only the first RECS_MAX of a call are kept: a scan of thousands
 -- (inspect) must not leave thousands of tables behind. REUSE also holds
 -- the request and domain lists that try_grant and acquire refill (see
 -- try_grant); one table, since a script may have 200 locals in all.
 local RECS_MAX = 16
-local REUSE = {wrecs = {}, lrecs = {}, adoms = {}, hdoms = {}}
+local REUSE = {lrecs = {}, erecs = {}, adoms = {}, hdoms = {}}
 do
   -- acquire's request and try_grant's, each with every field a request has
   -- (refills then find their slots; see DPOOL).
   local reqs = {'areq', 'hreq'}
   for i = 1, #reqs do
     REUSE[reqs[i]] = {id = false, encs = false, class = false, body = false, consumer = false,
-      ch = false, ttl = false, sid = false, handoff = false}
+      ch = false, ttl = false, sid = false, handoff = false, queued = false, left = false}
   end
 end
 
@@ -326,7 +319,7 @@ local function begin(keys, argv, keep)
   if not k then
     if type(CFG) ~= 'string' or string.sub(CFG, -4) ~= ':cfg' then bad('KEYS[1] must be a config key') end
     local p = string.sub(CFG, 1, -4)
-    k = {p = p, sexp = p .. 'sexp', wexp = p .. 'wexp', ce = false, lx = false, lk = false, nlk = 0, lt = false}
+    k = {p = p, sexp = p .. 'sexp', ce = false, lx = false, lk = false, nlk = 0, lt = false}
     if IN_LIBRARY then
       if NPFX >= PASSED_MAX then PFX, NPFX = {}, 0 end
       PFX[CFG], NPFX = k, NPFX + 1
@@ -338,8 +331,8 @@ local function begin(keys, argv, keep)
     bad('publish command must be PUBLISH or SPUBLISH')
   end
   IDLE = int(argv[2], 'idle ttl', 1000, 86400000 * 30, true)
-  CANDS, PENDING, HEADS, NEXT, LATE, WC = nil, nil, {}, nil, nil, {}
-  NWREC, NLREC = 0, 0
+  CANDS, PENDING, HEADS, QBUF, LATE = nil, nil, {}, {}, nil
+  NLREC, NEREC = 0, 0
   -- rawget: miniredis has no struct, and refuses a read of a missing global.
   -- In a library, once found it stays.
   if not STRUCT then STRUCT = rawget(_G, 'struct') end
@@ -468,18 +461,21 @@ local LIMITF_ALL = concat(concat(LIMITF, CALLF_RID), {'ly'})
 -- JSON with its bytes changed (the same limits, say, with a field added),
 -- or a library of this build that has the old JSON cached goes on.
 --
--- Layout 2 (this build's) keeps a session's leases in a hash of their own
--- (lxkey) where layout 1 kept every lease in one hash, lx, and each
--- session's lease ids in a set, sl:<sid>. A build of layout 2 converts a
--- budget it finds in layout 1 (convert_layout) before its first call does
--- anything else, and hosts of the older build then step aside.
-local LAYOUT = 2
-local convert_layout -- defined with the lease records it moves
--- check_layout returns true for a budget kept in layout 1, which the
--- caller converts, and fails for one newer than this build's.
+-- Layout 2 keeps a session's leases in a hash of their own (lxkey) where
+-- layout 1 kept every lease in one hash, lx, and each session's lease ids
+-- in a set, sl:<sid>. Layout 3 (this build's) keeps a domain's queue as
+-- one string of entries, each a waiter's whole record, where layouts 1
+-- and 2 kept a sorted set of ids by ticket and a key per waiter (Queues).
+-- A build converts a budget it finds in an older layout (convert_layout)
+-- before its first call does anything else, and hosts of the older build
+-- then step aside.
+local LAYOUT = 3
+local convert_layout -- defined with the queues it builds
+-- check_layout returns true for a budget kept in an older layout, which
+-- the caller converts, and fails for one newer than this build's.
 local function check_layout(ly)
   if not ly then return true end
-  if ly == '2' then return false end
+  if ly == '3' then return false end
   local n = tonumber(ly)
   if n and n == n and n <= LAYOUT then return n < LAYOUT end
   -- A string, not an error table: miniredis's Lua shows a table as its
@@ -525,7 +521,7 @@ local function limits()
     if not c or c.json ~= v[1] then
       local f = redis.call('HMGET', CFG, unpack(LIMITF_LY))
       if check_layout(f[#LIMITF_LY]) then
-        convert_layout(v[1])
+        convert_layout(v[1], f[#LIMITF_LY])
         return limits()
       end
       if not f[1] then
@@ -569,7 +565,7 @@ local function limits()
   end
   local v = redis.call('HMGET', CFG, unpack(LIMITF_ALL))
   if check_layout(v[#LIMITF_ALL]) and v[1] then
-    convert_layout(redis.call('HGET', CFG, 'json'))
+    convert_layout(redis.call('HGET', CFG, 'json'), v[#LIMITF_ALL])
     return limits()
   end
   if not v[1] then
@@ -617,55 +613,62 @@ end
 
 -- A domain is one string value holding all its fields, packed with
 -- struct.pack as big-endian 64-bit words: the layout version, DFIX's
--- fields (qf and b as integers, the rest as doubles), then the in-flight
--- count of each class by index, as integers. One GET and one SET instead
--- of HMGETs of a dozen fields and an HSET of the changed ones: a field of
--- an HMGET costs about a quarter of a microsecond inside a script here,
--- and turning the replies into numbers as much again, while unpacking the
--- whole value costs about that of two fields. Integers in big-endian words
--- are what BITFIELD counts in, so a retirement changes its counts in place
--- with one command and no unpacking (retire).
---   qf  1 while the queue q:<enc> may hold waiters: set when one joins,
---       cleared by a call that finds the queue empty, so a call that finds
---       it 0 need not look at the queue. A domain whose value is missing
---       (new, expired or lost) has its queue looked at once on load.
---   b   open bodies                 bk  1 once the bucket is in use
+-- fields (the first DINTS as integers, the rest as doubles), then the
+-- in-flight count of each class by index, as integers. One GET and one SET
+-- instead of HMGETs of a dozen fields and an HSET of the changed ones: a
+-- field of an HMGET costs about a quarter of a microsecond inside a script
+-- here, and turning the replies into numbers as much again, while
+-- unpacking the whole value costs about that of two fields. Integers in
+-- big-endian words are what BITFIELD counts in, so a retirement changes
+-- its counts in place, and a join behind others takes its place in line,
+-- with one command and no unpacking (retire, acquire).
+--   nw  waiters queued here, alive (their entries in q:<enc> not marked)
+--   b   open bodies
+--   ns  of nw, those of requests on several domains whose first this is
+--       not (so a waiter counts once in Usage: the sum of nw - ns)
+--   qh  the offset of the queue's first entry not yet passed, in bytes
+--   ql  the queue string's length, in bytes
+--   qb  how many bytes compaction has cut from the queue's front so far:
+--       an entry's place in a waiter's marker is qb plus its offset then
+--   bk  1 once the bucket is in use
 --   tk  tokens                      ta  when they were counted (us)
 --   th  1 while throttled           pu  pause end (us)
 --   rx  when the key's TTL runs out (us), as last set by a script
 --   wm, da   the throttle's factor before its last decrease, and when
 --   bs, ss, sa, fs   the start rate: base, decayed sum, last start, first
 --   ep  the epoch its counts are of (cfg ce; Clock jumps)
-local DVERSION = 2
-local DFIX = {'qf', 'b', 'bk', 'tk', 'ta', 'th', 'pu', 'rx', 'wm', 'da', 'bs', 'ss', 'sa', 'fs', 'ep'}
+local DVERSION = 3
+local DFIX = {'nw', 'b', 'ns', 'qh', 'ql', 'qb', 'bk', 'tk', 'ta', 'th', 'pu', 'rx', 'wm', 'da', 'bs', 'ss', 'sa', 'fs', 'ep'}
+local DINTS = 6
 -- Formats: the words before the counts, and the counts, which start at
 -- byte DCOUNTS; DLEN bytes in all. BFQ, BFB and BFC[c] are the BITFIELD
--- offsets of qf, b and class c's count. (String concatenation only: a
--- library's load runs without string.rep.)
-local DHFMT, DCFMT = '>i8i8i8', '>'
-for _ = 3, #DFIX do DHFMT = DHFMT .. 'd' end
+-- offsets of nw, b and class c's count; BFQL and BFQB of ql and qb.
+-- (String concatenation only: a library's load runs without string.rep.)
+local DHFMT, DCFMT = '>i8', '>'
+for i = 1, #DFIX do DHFMT = DHFMT .. (i <= DINTS and 'i8' or 'd') end
 for _ = 1, NCLASS do DCFMT = DCFMT .. 'i8' end
 local DFMT = DHFMT
 for _ = 1, NCLASS do DFMT = DFMT .. 'i8' end
 local DCOUNTS = 1 + 8 * (1 + #DFIX)
 local DLEN = DCOUNTS - 1 + 8 * NCLASS
-local BFQ, BFB, BFC = '#1', '#2', {}
+local BFQ, BFB, BFQL, BFQB, BFC = '#1', '#2', '#5', '#6', {}
 for c = 1, NCLASS do BFC[c] = '#' .. (c + #DFIX) end
 
 local function dzero(d)
   local f = {}
   for c = 1, NCLASS do f[c] = 0 end
   d.f = f
-  d.b, d.bk, d.tk, d.ta, d.th, d.pu, d.rx = 0, 0, 0, 0, 0, 0, 0
-  d.wm, d.da, d.bs, d.ss, d.sa, d.fs, d.qf, d.ep = 0, 0, 0, 0, 0, 0, 0, 0
+  d.nw, d.b, d.ns, d.qh, d.ql, d.qb = 0, 0, 0, 0, 0, 0
+  d.bk, d.tk, d.ta, d.th, d.pu, d.rx = 0, 0, 0, 0, 0, 0
+  d.wm, d.da, d.bs, d.ss, d.sa, d.fs, d.ep = 0, 0, 0, 0, 0, 0, 0
 end
 
 local function spack(d)
-  return struct.pack(DFMT, DVERSION, d.qf, d.b, d.bk, d.tk, d.ta, d.th, d.pu, d.rx,
+  return struct.pack(DFMT, DVERSION, d.nw, d.b, d.ns, d.qh, d.ql, d.qb, d.bk, d.tk, d.ta, d.th, d.pu, d.rx,
     d.wm, d.da, d.bs, d.ss, d.sa, d.fs, d.ep, unpack(d.f))
 end
 
--- Domain tables kept for reuse, by key, in a library. A table of 23 named
+-- Domain tables kept for reuse, by key, in a library. A table of 27 named
 -- fields costs about 8k instructions to build here (its hash part, then
 -- the collector), against about 1k to assign the same fields of one that
 -- exists, so a load fills the table an earlier call of this server used
@@ -682,20 +685,21 @@ local DPOOL, NDPOOL = {}, 0
 -- in one constructor (a table grown field by field rehashes on the way).
 local function sunpack(enc, key, q, s)
   if #s ~= DLEN then return nil end
-  local v, qf, b, bk, tk, ta, th, pu, rx, wm, da, bs, ss, sa, fs, ep = struct.unpack(DHFMT, s)
+  local v, nw, b, ns, qh, ql, qb, bk, tk, ta, th, pu, rx, wm, da, bs, ss, sa, fs, ep = struct.unpack(DHFMT, s)
   if v ~= DVERSION then return nil end
   local f = {struct.unpack(DCFMT, s, DCOUNTS)}
   f[NCLASS + 1] = nil -- the position after the counts
   local d = DPOOL[key]
   if d then
     d.enc, d.key, d.q, d.s, d.new, d.f, d.b, d.bk, d.tk, d.ta = enc, key, q, s, false, f, b, bk, tk, ta
-    d.th, d.pu, d.rx, d.wm, d.da, d.bs, d.ss, d.sa, d.fs, d.qf = th, pu, rx, wm, da, bs, ss, sa, fs, qf
+    d.th, d.pu, d.rx, d.wm, d.da, d.bs, d.ss, d.sa, d.fs, d.nw = th, pu, rx, wm, da, bs, ss, sa, fs, nw
+    d.ns, d.qh, d.ql, d.qb = ns, qh, ql, qb
     d.ep, d.dirty, d.rf = ep, false, false
     return d
   end
   d = {enc = enc, key = key, q = q, s = s, new = false, f = f, b = b, bk = bk, tk = tk, ta = ta,
-    th = th, pu = pu, rx = rx, wm = wm, da = da, bs = bs, ss = ss, sa = sa, fs = fs, qf = qf, ep = ep,
-    dirty = false, rf = false}
+    th = th, pu = pu, rx = rx, wm = wm, da = da, bs = bs, ss = ss, sa = sa, fs = fs, nw = nw, ep = ep,
+    ns = ns, qh = qh, ql = ql, qb = qb, dirty = false, rf = false}
   if IN_LIBRARY then
     if NDPOOL >= LCACHE_MAX then DPOOL, NDPOOL = {}, 0 end
     DPOOL[key], NDPOOL = d, NDPOOL + 1
@@ -750,7 +754,9 @@ local function dconvert(d)
       d[h[i]] = n
     end
   end
-  d.qf = redis.call('EXISTS', d.q)
+  -- Its queue was a sorted set of an older layout still, unreadable here:
+  -- its waiters join again on their next calls.
+  redis.call('DEL', d.q)
   local ttl = redis.call('PTTL', d.key)
   if ttl <= 0 then ttl = IDLE end
   d.s = DPACK(d)
@@ -800,7 +806,10 @@ local function dload(enc)
       -- start afresh, as when a domain expires.
       d = {enc = enc, key = key, q = q, s = false, new = true}
       dzero(d)
-      d.qf = redis.call('EXISTS', q)
+      -- A queue left without its domain (a state loss took one and not
+      -- the other) has lost where its line starts: it goes, and its
+      -- waiters' calls find their places gone (see queued_at).
+      redis.call('DEL', q)
     end
   end
   local lim = lims()
@@ -810,6 +819,11 @@ local function dload(enc)
     -- leases are gone, and re-assertion counts the live ones again.
     for c = 1, NCLASS do d.f[c] = 0 end
     d.b, d.ep, d.dirty = 0, lim.ce, true
+    -- Its queue went with the epoch too (new_epoch), if it was there.
+    if d.nw > 0 or d.ql > 0 then
+      redis.call('DEL', q)
+      d.nw, d.ns, d.qh, d.ql = 0, 0, 0, 0
+    end
   end
   -- On the group clock no stored time lies ahead of now but a bucket held
   -- back by a pause. A domain that outlived its config may keep the times
@@ -925,18 +939,18 @@ local function dsave(d, now, lim, clean)
     local at = expiry_arg(ttl)
     redis.call('SET', d.key, s, 'PXAT', at)
     -- A queue's TTL follows its domain's (see qexpire).
-    if d.qf == 1 then redis.call('PEXPIREAT', d.q, at) end
+    if d.ql > 0 then redis.call('PEXPIREAT', d.q, at) end
     redis.call('ZADD', P .. 'doms', I(raw), d.enc)
     expire(P .. 'doms', IDLE)
   elseif s ~= d.s then
     redis.call('SET', d.key, s, 'KEEPTTL')
   end
   d.s, d.new, d.dirty, d.rf = s, false, false, false
-  if IN_LIBRARY and (d.qf == 1) ~= (QH[d.key] == true) then qh_note(d.key, d.qf == 1) end
+  if IN_LIBRARY and (d.nw > 0) ~= (QH[d.key] == true) then qh_note(d.key, d.nw > 0) end
 end
 
 -- A queue's TTL follows its domain's: dsave renews the two together (the
--- queue while qf says it may hold waiters), so a queue that holds waiters
+-- queue while its string has any length), so a queue that holds waiters
 -- lives at least until its domain's rx, and a waiter that joins a queue
 -- it found with a head renews nothing. A ZADD to a missing queue makes it
 -- with no TTL, so a join that cannot vouch the queue existed calls this:
@@ -980,9 +994,9 @@ local function lxkey(sid)
 end
 
 -- Renews the config hash's TTL when half of it is spent, and with it those
--- of the sessions, their leases, the domain list and the waiters'
--- deadlines (a waiter that joins behind another renews none: see acquire;
--- a session's heartbeats renew its leases too). Once per half an idle TTL,
+-- of the sessions, their leases and waiters' markers, and the domain list
+-- (a waiter that joins behind another renews none: see acquire; a
+-- session's heartbeats renew its leases too). Once per half an idle TTL,
 -- a command per session. While the
 -- config lives, they do, so a config that outlived a clock jump vouches
 -- for them (Clock jumps). Key TTLs run on Redis TIME, not the group clock. A call that
@@ -999,7 +1013,7 @@ local function touch_cfg()
   if lim.rx < raw + IDLE * 500 then
     cfg_put('rx', raw + IDLE * 1000)
     expire(CFG, IDLE)
-    for _, k in ipairs({'sexp', 'doms', 'wexp'}) do expire(P .. k, IDLE) end
+    for _, k in ipairs({'sexp', 'doms'}) do expire(P .. k, IDLE) end
     for _, sid in ipairs(redis.call('ZRANGE', K.sexp, 0, -1)) do expire(lxkey(sid), IDLE) end
   end
 end
@@ -1009,12 +1023,6 @@ end
 local function lower_rc(at)
   local lim = lims()
   if lim and at < lim.rc then cfg_put('rc', at) end
-end
-
--- Sets the deadline of id in zset z (wexp: a waiter's liveness).
-local function deadline(z, at, id)
-  redis.call('ZADD', z, I(at), id)
-  lower_rc(at)
 end
 
 -- A lease is one field of its session's hash (lxkey): its id -> its
@@ -1077,110 +1085,66 @@ end
 -- end_session deletes one, and a new epoch's keys have other names. So a
 -- grant into a session a library knows is one HSET of one field. full
 -- asks for the whole write whatever the library knows (a re-assertion,
--- which may revive an ended session's key). A call
+-- which may revive an ended session's key). nx writes the field only if
+-- the hash has none of that name (a waiter's marker: see Queues), and
+-- returns whether it did. A call
 -- that found TIME gone back always renews, with the step (expire): keys
 -- renewed before the step, the config among them, expire that much later
 -- by Redis's clock, and the config must not outlive the records it
 -- vouches for.
-local function lease_put(sid, id, v, full)
-  local lk, k = lxkey(sid), K
+local function lease_put(sid, id, v, full, nx)
+  local lk, k = lxkey(sid), K -- (lxkey makes k.lt)
   local raw = real_clock()
-  local t = k.lt and k.lt[lk]
-  if t and t > raw and BACK == 0 and not full then
+  local t = k.lt[lk]
+  local vouched = t and t > raw and BACK == 0 and not full
+  if nx then
+    if redis.call('HSETNX', lk, id, v) == 0 then return false end
+    if vouched then return true end
+    redis.call('HSET', lk, '', '')
+  elseif vouched then
     redis.call('HSET', lk, id, v)
-    return
+    return true
+  else
+    redis.call('HSET', lk, id, v, '', '')
   end
-  redis.call('HSET', lk, id, v, '', '')
   expire(lk, IDLE)
-  if IN_LIBRARY and k.lt then k.lt[lk] = raw + IDLE * 500 end
-end
-
--- Moves a budget from layout 1 (LAYOUT): each record of lx goes to its
--- session's hash, as lease_put writes one, and lx and the sessions' sets
--- go. The config then names layout 2, in the same HSET as its JSON with
--- the layout put first, as every host of this build sends it (redisstore,
--- storedLimits), so that a library of the older build that has the old
--- JSON cached reads ly again and steps aside. The epoch, counts, queues,
--- waiters and sessions stay as they are: a waiter queued by an older host
--- keeps its place, and a lease its record. Work in the number of leases,
--- once per budget. It runs within limits(), so it reads ce itself.
-function convert_layout(json)
-  local ce = tonumber(redis.call('HGET', CFG, 'ce')) or 0
-  local pre, lx = P .. 'lx:' .. I(ce) .. ':', P .. 'lx'
-  local h = redis.call('HGETALL', lx)
-  local sids = {}
-  for i = 1, #h, 2 do
-    local l = lease_unpack(h[i + 1])
-    if l then
-      local lk = pre .. l.sid
-      if redis.call('HSET', lk, h[i], h[i + 1], '', '') == 2 then expire(lk, IDLE) end
-      sids[l.sid] = true
-    end
-  end
-  redis.call('DEL', lx)
-  for _, sid in ipairs(redis.call('ZRANGE', K.sexp, 0, -1)) do sids[sid] = true end
-  for sid in pairs(sids) do redis.call('DEL', P .. 'sl:' .. sid) end
-  if not json then
-    redis.call('HSET', CFG, 'ly', I(LAYOUT))
-    return
-  end
-  local js = json
-  if json == '{}' then
-    js = '{"layout":2}'
-  elseif string.sub(json, 1, 10) ~= '{"layout":' then -- (not a hand edit's)
-    js = '{"layout":2,' .. string.sub(json, 2)
-  end
-  redis.call('HSET', CFG, 'ly', I(LAYOUT), 'json', js)
+  if IN_LIBRARY then k.lt[lk] = raw + IDLE * 500 end
+  return true
 end
 
 -- session returns how long (us) session sid has left for a lease granted
 -- now, or nil when the session is dead (its deadline passed, or reclaim
--- ended it). A session named for the first time is created with ttl (us)
--- to live; one with less than two thirds of ttl left is extended to ttl,
--- which only postpones the deadline of a live session (never a renewal of
--- a dead one). Heartbeats renew a session every third of a TTL, so with a
--- live holder this reads one score and writes nothing.
+-- ended it). A session named for the first time by a call of its process
+-- (a join or a grant) is created with ttl (us) to live; one with less than
+-- two thirds of ttl left is extended to ttl, which only postpones the
+-- deadline of a live session (never a renewal of a dead one). Heartbeats
+-- and renewals renew a session every third of a TTL, so with a live
+-- process this reads one score and writes nothing.
 --
--- A handoff grants on behalf of a queued waiter wid, whose process may
--- have died since its last call: it creates or extends the session to the
--- waiter's own liveness deadline (or a TTL from now, if sooner) and no
--- further, so a crashed process's leases are not kept past what its last
--- call or renewal vouched for. A session that ends less than a sixth of a
--- TTL before that deadline is left as it is, as a call leaves one with
--- two thirds of a TTL to go: under contention nearly every handoff found
--- its waiter renewed later than the session, and wrote the session for
--- it. The waiter hears how short its lease falls (try_grant), and counts
--- it from its call less that. It returns the waiter's deadline too (nil
--- if the waiter has none), which the wake message needs.
-local function session(sid, ttl, now, wid)
+-- A handoff (handoff set) grants on behalf of a queued waiter whose
+-- process may have died since: it neither creates nor extends the
+-- session, so a crashed process's leases are not kept past what its last
+-- call or renewal vouched for. The waiter's queued place lives as long as
+-- its session does (see queues), so its session is there, and the waiter
+-- hears how much less than a TTL is left of it (try_grant).
+local function session(sid, ttl, now, handoff)
   local sx = K.sexp
   -- Scores read by arithmetic, as tonumber would, without its C call.
   local d = redis.call('ZSCORE', sx, sid)
   if d then
     d = d + 0
     if d <= now then return nil end
-    if not wid and d - now >= ttl * 2 / 3 then return d - now end
-  elseif redis.call('ZSCORE', P .. 'sgone', sid) then
+    if handoff or d - now >= ttl * 2 / 3 then return d - now end
+  elseif handoff or redis.call('ZSCORE', P .. 'sgone', sid) then
     return nil
   end
-  local at, live = now + ttl, nil
-  if wid then
-    -- A handoff extends the session as far as the waiter's liveness
-    -- deadline whenever that is later: its process vouched for it by its
-    -- latest call or renewal, and the waiter then counts its lease from
-    -- that call, not from an older heartbeat.
-    live = redis.call('ZSCORE', K.wexp, wid)
-    if live then live = live + 0 else live = nil end
-    if live and live < at then at = live end
-    if d and d >= at - ttl / 6 then return d - now, live end
-    if at <= now then return nil end
-  end
+  local at = now + ttl
   redis.call('ZADD', sx, I(at), sid)
   if not d then
     expire(sx, IDLE)
     lower_rc(at)
   end
-  return at - now, live
+  return at - now
 end
 
 -- Ends session sid, whose leases are all retired: its name goes to sgone
@@ -1193,193 +1157,414 @@ local function end_session(sid, now)
   expire(gone, IDLE)
   local lk = lxkey(sid)
   redis.call('DEL', P .. 'sd:' .. sid, lk)
-  if K.lt then K.lt[lk] = nil end -- a re-assertion may revive it (lease_put)
+  K.lt[lk] = nil -- a re-assertion may revive it (lease_put)
 end
 
--- A waiter is one string: its ticket, class, body flag, arrival (us), TTL
--- (us: its lease's and its liveness's), process channel, session (the one
--- a handoff grants into), domain encodings joined by commas, and consumer
--- (any bytes). One SET and one GET where a hash took an HSET of 9 fields
--- and HMGETs of 7, and the key's TTL goes with the SET. Where the struct
--- library is (every Redis), it is packed in binary (WFMT: a version byte,
--- the numbers as big-endian words and bytes, the strings each after its
--- length), which unpacks in two fifths of the time a pattern took to parse
--- the text, and packs in two thirds; without it (miniredis) it is the text
--- "<ticket> <class> <body> <arrived> <ttl> <ch> <sid> <encs> <consumer>",
--- which a build before the binary form also wrote, and which is read
--- wherever it is found (it starts with a digit, the binary form with
--- its version byte).
-local WVERSION = 1
-local WFMT = '>Bi8BBi8i8I4c0I4c0I4c0I4c0'
+-- Queues. A domain's queue, q:<enc>, is one string: its waiters' entries
+-- one after another, in the order their joins ran. A join on several
+-- domains appends to each of its queues in one script, so any two waiters
+-- that share queues stand in the same order in each: one total order by
+-- arrival, without a ticket. An entry is the waiter's whole record (Q.fmt:
+-- its length, a version byte, a mark, class and body flag, TTL and
+-- arrival, then its id, session, process channel, domains and consumer,
+-- each after its length; domains empty for a request on this domain
+-- alone), so a handoff reads the head and the one after it with one
+-- GETRANGE and needs no other key. The domain's value says where the
+-- line starts (qh: entries before it are passed), how long the string is
+-- (ql) and how many live entries it holds (nw); a waiter's last entry
+-- gone, the queue is deleted. Passed bytes are cut off once they are at
+-- least half the string (q_compact), and qb counts them, so a place given
+-- as qb plus an offset stays valid.
+--
+-- A waiter also has a marker: the field of its id in its session's hash
+-- (lxkey), "W<places> <domains>", its places (qb plus offset, one per
+-- domain, comma-separated) and its domains. The marker is how a call finds
+-- the waiter (a retried first call sees it and does not join twice), how a
+-- cancel finds its entries (and marks them, byte EDEAD, which a head skips),
+-- and how reclaim finds the waiters of a dead session. A grant overwrites
+-- it with the lease. So a waiter lives as long as its session: a process
+-- keeps its session alive while it has waiters (renew.lua) as while it
+-- holds leases, and a waiter it no longer wants it cancels.
+--
+-- Where the struct library is (every Redis) entries are binary; without it
+-- (miniredis) text of the same fields, each string after its length.
+local Q = {ver = 1, read = 511, compact = 16384,
+  fmt = '>I4BBBBi8i8I4c0I4c0I4c0I4c0I4c0',
+  dead = 5} -- (9 in text: see epack)
 
-local function wpack(w)
+local function epack(id, sid, ch, c, b, ttl, at, ds, cs)
   if STRUCT then
-    return struct.pack(WFMT, WVERSION, w.t, w.c, w.b, w.at, w.ttl,
-      #w.ch, w.ch, #w.sn, w.sn, #w.ds, w.ds, #w.cs, w.cs)
+    return struct.pack(Q.fmt, 44 + #id + #sid + #ch + #ds + #cs, Q.ver, 0, c, b, ttl, at,
+      #id, id, #sid, sid, #ch, ch, #ds, ds, #cs, cs)
   end
-  return string.format('%d %d %d %d %d ', w.t, w.c, w.b, w.at, w.ttl) .. w.ch .. ' ' .. w.sn .. ' ' .. w.ds .. ' ' .. w.cs
+  local body = string.format('T0 %d %d %d %d ', c, b, ttl, at) .. #id .. ':' .. id .. #sid .. ':' .. sid ..
+    #ch .. ':' .. ch .. #ds .. ':' .. ds .. #cs .. ':' .. cs
+  return string.format('%08d', #body + 8) .. body
 end
 
--- A waiter record's table, from the ring (see REUSE).
-local function wrec(t, c, b, at, ttl, ch, sn, ds, cs)
-  NWREC = NWREC + 1
-  local wrecs = REUSE.wrecs
-  local w = wrecs[NWREC]
-  if not w then
-    w = {t = t, c = c, b = b, at = at, ttl = ttl, ch = ch, sn = sn, ds = ds, cs = cs}
-    if NWREC <= RECS_MAX then wrecs[NWREC] = w end
-    return w
-  end
-  w.t, w.c, w.b, w.at, w.ttl, w.ch, w.sn, w.ds, w.cs = t, c, b, at, ttl, ch, sn, ds, cs
-  return w
-end
-
-local function wunpack(v)
+-- The entry that starts at byte pos of s, or nil and the length it needs
+-- when s holds less of it (nil alone for bytes that are no entry).
+local function eparse(s, pos)
   if STRUCT then
-    -- pcall: a value too short for the format is an error to struct, and
-    -- a record this build cannot read is no waiter, as for the text.
-    local ok, ver, t, c, b, at, ttl, ch, sn, ds, cs, at_end = pcall(struct.unpack, WFMT, v)
-    if ok and ver == WVERSION then
-      if at_end ~= #v + 1 or (b ~= 0 and b ~= 1) or ch == '' or sn == '' or ds == '' then return nil end
-      return wrec(t, c, b, at, ttl, ch, sn, ds, cs)
+    -- The whole entry at once: a queue's read holds it nearly always.
+    local ok, n, v, dead, c, b, ttl, at, id, sid, ch, ds, cs, nx = pcall(struct.unpack, Q.fmt, s, pos)
+    if not ok then
+      -- Cut short by the read, or no entry.
+      if #s < pos + 3 then return nil, 4 end
+      n = struct.unpack('>I4', s, pos)
+      if n >= 44 and #s < pos + n - 1 then return nil, n end
+      return nil
     end
+    if v ~= Q.ver or nx ~= pos + n then return nil end
+    -- A table of the ring (see REUSE), refilled.
+    NEREC = NEREC + 1
+    local e = REUSE.erecs[NEREC]
+    if not e then
+      e = {id = id, sid = sid, ch = ch, c = c, b = b, ttl = ttl, at = at, ds = ds, cs = cs, dead = dead, len = n,
+        off = 0, enc = false}
+      if NEREC <= RECS_MAX then REUSE.erecs[NEREC] = e end
+      return e
+    end
+    e.id, e.sid, e.ch, e.c, e.b, e.ttl, e.at, e.ds, e.cs, e.dead, e.len = id, sid, ch, c, b, ttl, at, ds, cs, dead, n
+    return e
   end
-  local t, c, b, at, ttl, ch, sn, ds, cs = string.match(v, '^(%d+) (%d+) ([01]) (%d+) (%d+) (%S+) (%S+) (%S+) (.*)$')
-  if not t then return nil end
-  return {t = tonumber(t), c = tonumber(c), b = tonumber(b), at = tonumber(at), ttl = tonumber(ttl),
-    ch = ch, sn = sn, ds = ds, cs = cs}
-end
-
--- The previous layout: a hash of fields t, c, b, at, ttl, ch, sn, ds
--- (space-separated) and cs. It is converted where found, keeping its TTL.
--- A hash without ttl or sn (a build older still) gets 0 and '-', which a
--- handoff takes as unknown (it wakes the waiter, whose own call completes
--- the record); one without ticket, domains or channel was never whole,
--- and goes.
-local function wconvert(key)
-  local h = redis.call('HMGET', key, 't', 'c', 'b', 'at', 'ttl', 'ch', 'sn', 'ds', 'cs')
-  local ttl = redis.call('PTTL', key)
-  redis.call('DEL', key)
-  if not (h[1] and h[6] and h[8]) then return nil end
-  local w = {t = tonumber(h[1]) or 0, c = tonumber(h[2]) or 0, b = tonumber(h[3]) or 0, at = tonumber(h[4]) or 0,
-    ttl = tonumber(h[5]) or 0, ch = h[6], sn = h[7] or '-', ds = (string.gsub(h[8], ' ', ',')), cs = h[9] or ''}
-  redis.call('SET', key, wpack(w), 'PX', I(ttl > 0 and ttl or IDLE))
-  return w
-end
-
--- What a waiter needs of the ceilings, kept past the call in a library:
--- wid -> its class times 2 plus its body flag (WCB), and its domain
--- encodings (WDS), as this server last wrote or read its record. They
--- never change for an id (a record is rewritten only for its session and
--- TTL), so a handoff can see that the waiter after the one it granted is
--- still held back by a ceiling without reading its record (try_grant). A
--- waiter missing here is read as before. Bounded like PASSED.
-local WCB, WDS, NWCB = {}, {}, 0
-local WCB_MAX = 512
-local function wnote(wid, w)
-  -- (Not one converted from an old hash without its TTL or session: a try
-  -- wakes it, to complete its record by its own call.)
-  if not IN_LIBRARY or WCB[wid] or w.ttl == 0 or w.sn == '-' then return end
-  if NWCB >= WCB_MAX then WCB, WDS, NWCB = {}, {}, 0 end
-  WCB[wid], WDS[wid], NWCB = w.c * 2 + w.b, w.ds, NWCB + 1
-end
-
--- Waiter wid's record, or nil; read once per call.
-local function wload(wid)
-  local w = WC[wid]
-  if w ~= nil then return w or nil end
-  local key = P .. 'w:' .. wid
-  -- pcall: a hash here is the previous layout's, GET's WRONGTYPE says so.
-  local v = redis.pcall('GET', key)
-  if v and v.err then -- an error reply (see dload)
-    if not string.find(v.err or '', '^WRONGTYPE') then error(v) end
-    w = wconvert(key)
-  else
-    w = v and wunpack(v)
+  if #s < pos + 7 then return nil, 8 end
+  local n = tonumber(string.sub(s, pos, pos + 7))
+  if not n then return nil end
+  if #s < pos + n - 1 then return nil, n end
+  local e = string.sub(s, pos, pos + n - 1)
+  local dead, c, b, ttl, at, p = string.match(e, '^%d+T([01]) (%d+) (%d+) (%d+) (%d+) ()')
+  if not dead then return nil end
+  local f = {}
+  for i = 1, 5 do
+    local m, q = string.match(e, '^(%d+):()', p)
+    if not m then return nil end
+    f[i] = string.sub(e, q, q + m - 1)
+    p = q + m
   end
-  WC[wid] = w or false
-  if w then wnote(wid, w) end
-  return w
+  return {id = f[1], sid = f[2], ch = f[3], c = tonumber(c), b = tonumber(b), ttl = tonumber(ttl), at = tonumber(at),
+    ds = f[4], cs = f[5], dead = tonumber(dead), len = n, off = 0, enc = false}
 end
 
--- Writes waiter wid's record w and renews its key's TTL.
-local function wsave(wid, w)
-  redis.call('SET', P .. 'w:' .. wid, wpack(w), 'PXAT', expiry_arg(IDLE))
-  WC[wid] = w
-  wnote(wid, w)
-end
-
-local function wake(wid)
-  local w = wload(wid)
-  if w then
-    redis.call(PUB, P .. 'wake:' .. w.ch, wid)
+-- The entry at offset so of domain d's queue, or nil past its end. A call
+-- reads a queue's bytes once where it can (QBUF): the head's read brings
+-- the entry after it too.
+local function q_at(d, so)
+  if so >= d.ql then return nil end
+  local buf, e, need = QBUF[d.q], nil, nil
+  if buf and so >= buf.from then e = eparse(buf.s, so - buf.from + 1) end
+  if not e then
+    local s = redis.call('GETRANGE', d.q, so, so + Q.read - 1)
+    e, need = eparse(s, 1)
+    if not e and need and need > #s and so + need <= d.ql then
+      s = redis.call('GETRANGE', d.q, so, so + need - 1)
+      e = eparse(s, 1)
+    end
+    QBUF[d.q] = {from = so, s = s}
   end
+  if e then e.off, e.enc = so, d.enc end
+  return e
 end
 
--- The head of queue q. A call remembers what it read or changed (HEADS),
--- so a handoff does not read again the head a release just found, nor the
--- one a waiter's removal left. The waiter after the head comes with it
--- (NEXT), so that granting the head, the usual next step, takes it out of
--- the queue without reading the queue again. Whatever changes a queue
--- (remove_waiter, acquire's join) forgets or updates both.
-local function head(q)
-  local h = HEADS[q]
-  if h == nil then
-    local r = redis.call('ZRANGE', q, '0', '1')
-    h = r[1] or false
-    if not NEXT then NEXT = {} end
-    HEADS[q], NEXT[q] = h, r[2] or false
+-- Empties domain d's queue: its last live waiter left, or its bytes no
+-- longer agree with the domain's account of them.
+local function q_clear(d)
+  if d.ql > 0 then redis.call('DEL', d.q) end
+  d.nw, d.ns, d.qh, d.ql, d.dirty = 0, 0, 0, 0, true
+  HEADS[d.q], QBUF[d.q] = false, nil
+end
+
+-- The first live entry of domain d's queue, or nil; marked entries before
+-- it are passed (qh moves on, saved with the domain).
+local function q_head(d)
+  local h = HEADS[d.q]
+  if h ~= nil then return h or nil end
+  if d.nw <= 0 then
+    if d.ql > 0 then q_clear(d) end
+    HEADS[d.q] = false
+    return nil
   end
-  return h or nil
+  local e = q_at(d, d.qh)
+  while e and e.dead ~= 0 do
+    d.qh, d.dirty = d.qh + e.len, true
+    e = q_at(d, d.qh)
+  end
+  if not e then
+    q_clear(d) -- nw counted waiters the string does not hold
+    return nil
+  end
+  HEADS[d.q] = e
+  return e
+end
+
+-- Cuts passed bytes off the queue's front once they are half of it.
+local function q_compact(d)
+  if d.qh < Q.compact or d.qh * 2 < d.ql then return end
+  redis.call('SET', d.q, redis.call('GETRANGE', d.q, d.qh, -1), 'KEEPTTL')
+  d.qb, d.ql, d.qh, d.dirty = d.qb + d.qh, d.ql - d.qh, 0, true
+  HEADS[d.q], QBUF[d.q] = nil, nil
+end
+
+-- Takes e, the head of domain d's queue, out of it (secondary: a request
+-- on several domains, and d not its first).
+local function q_pop(d, e, secondary)
+  d.nw, d.dirty = d.nw - 1, true
+  if secondary then d.ns = d.ns - 1 end
+  HEADS[d.q] = nil
+  if d.nw <= 0 then return q_clear(d) end
+  d.qh = e.off + e.len
+  q_compact(d)
+end
+
+-- Appends entry s to domain d's queue; returns its place (qb + offset).
+local function q_append(d, s, secondary)
+  local off = d.ql
+  local len = redis.call('APPEND', d.q, s)
+  if len ~= off + #s then
+    -- The string is not what the domain says (a state loss took one
+    -- and not the other): the line starts again with this entry, and
+    -- the waiters it held find their places gone (queued_at).
+    if len ~= #s then
+      redis.call('DEL', d.q)
+      redis.call('APPEND', d.q, s)
+    end
+    off, d.nw, d.ns, d.qh = 0, 0, 0, 0
+    HEADS[d.q] = nil
+  end
+  if off == 0 then qexpire(d) end -- it made the key
+  if d.nw == 0 then HEADS[d.q] = nil end
+  d.ql, d.nw, d.dirty = off + #s, d.nw + 1, true
+  if secondary then d.ns = d.ns + 1 end
+  QBUF[d.q] = nil
+  return d.qb + off
+end
+
+-- A marker's places and domains, or nil for a value that is no marker.
+local function mparse(v)
+  if string.byte(v, 1) ~= 87 then return nil end -- 'W'
+  local ps, ds = string.match(v, '^W([%d,]+) (%S+)$')
+  if not ps then return nil end
+  local offs = {}
+  for x in string.gmatch(ps, '%d+') do offs[#offs + 1] = x + 0 end
+  return offs, ds
+end
+
+-- Waiter wid's live entry in domain d's queue at place at, or nil.
+local function queued_at(d, at, wid)
+  local so = at - d.qb
+  if so < d.qh or so >= d.ql then return nil end
+  local h = q_head(d)
+  if h and h.off == so then return h.id == wid and h or nil end
+  local e = q_at(d, so)
+  if e and e.id == wid and e.dead == 0 then return e end
+  return nil
+end
+
+local function wake(e)
+  redis.call(PUB, P .. 'wake:' .. e.ch, e.id)
 end
 
 -- Waiters that may be able to move after this script's changes: new heads
--- of queues, and heads of queues where something came free. done() tries
--- to grant each one here and now (a handoff), which lets one release fill
--- every free slot at once instead of one slot per wake-and-call, and
--- wakes only those that must act: a waiter granted (to collect its lease),
--- or one held back by time (the rate or a pause), which must learn how
--- long to sleep. One held back by a ceiling stays
--- asleep: the release that frees its slot will try it again.
--- A waiter already listed and not yet tried is not listed twice (a release
--- on 4 domains finds one head 4 times): its one try comes after whatever
+-- of queues, and heads of queues where something came free, as entries.
+-- done() tries to grant each one here and now (a handoff), which lets one
+-- release fill every free slot at once instead of one slot per
+-- wake-and-call, and wakes only those that must act: a waiter granted (to
+-- collect its lease), or one held back by time (the rate or a pause),
+-- which must learn how long to sleep. One held back by a ceiling stays
+-- asleep: the release that frees its slot will try it again. A waiter
+-- already listed and not yet tried is not listed twice (a release on 4
+-- domains finds one head 4 times): its one try comes after whatever
 -- listed it.
-local function candidate(wid)
+local function candidate(e)
+  local wid = e.id
   if not CANDS then
-    CANDS, PENDING = {wid}, {[wid] = true}
+    CANDS, PENDING = {e}, {[wid] = true}
     return
   end
   if PENDING[wid] then return end
   PENDING[wid] = true
-  CANDS[#CANDS + 1] = wid
+  CANDS[#CANDS + 1] = e
 end
 
--- Takes waiter wid out of every queue; whoever now heads them is a candidate.
-local function remove_waiter(wid)
-  local w = wload(wid)
-  if w then
-    local es = split_encs(w.ds)
+-- Takes the waiter whose marker (in session sid's hash) is v out of every
+-- queue and drops the marker; whoever now heads those queues is a
+-- candidate. An entry not found where the marker says was lost already.
+local function unqueue(wid, sid, v)
+  local offs, ds = mparse(v)
+  if offs then
+    local es = split_encs(ds)
+    local now, lim = clock(), lims()
     for k = 1, #es do
-      local q = P .. 'q:' .. es[k]
-      -- The first two: if wid heads the queue, the second is the new head.
-      local h1, h2 = HEADS[q], NEXT and NEXT[q]
-      if h1 ~= wid or h2 == nil then
-        local h = redis.call('ZRANGE', q, '0', '1')
-        h1, h2 = h[1] or false, h[2] or false
+      local d = dload(es[k])
+      local e = offs[k] and queued_at(d, offs[k], wid)
+      if e then
+        local h = q_head(d)
+        if h and h.off == e.off then
+          q_pop(d, h, k > 1)
+          local nh = q_head(d)
+          if nh then candidate(nh) end
+        else
+          redis.call('SETRANGE', d.q, e.off + (STRUCT and Q.dead or 9), STRUCT and '\1' or '1')
+          QBUF[d.q] = nil
+          d.nw, d.dirty = d.nw - 1, true
+          if k > 1 then d.ns = d.ns - 1 end
+          if d.nw <= 0 then q_clear(d) end
+        end
+        dsave(d, now, lim)
       end
-      redis.call('ZREM', q, wid)
-      if h1 == wid then
-        HEADS[q] = h2
-        if h2 then candidate(h2) end
-      else
-        HEADS[q] = h1
-      end
-      if NEXT then NEXT[q] = nil end -- not read: the one after the new head
     end
   end
-  redis.call('DEL', P .. 'w:' .. wid)
-  WC[wid] = false
-  redis.call('ZREM', K.wexp, wid)
+  redis.call('HDEL', lxkey(sid), wid)
+end
+
+-- Takes waiter wid of session sid out of line, if it is queued there.
+-- Returns whether it was.
+local function remove_waiter(wid, sid)
+  local v = redis.call('HGET', lxkey(sid), wid)
+  if not v or string.byte(v, 1) ~= 87 then return false end
+  unqueue(wid, sid, v)
+  return true
+end
+
+-- Moves a budget from an older layout (LAYOUT) to this build's, once, in
+-- the first call of this build that finds it (within limits(), so it
+-- reads what it needs itself), before anything else is done:
+--   - from layout 1: each record of lx goes to its session's hash, as
+--     lease_put writes one, and lx and the sessions' sets sl:<sid> go;
+--   - from layouts 1 and 2: the queues, sorted sets of waiter ids by
+--     ticket, become strings of entries made from the waiters' records
+--     (w:<id>), in ticket order, each waiter with its marker; the records
+--     and wexp go, and each domain's value takes the new fields. A waiter
+--     keeps its place, and now lives as long as its session.
+-- The config then names layout 3, in the same HSET as its JSON with the
+-- layout put first, as every host of this build sends it (redisstore,
+-- storedLimits), so that a library of an older build that has the old
+-- JSON cached reads ly again and steps aside. The epoch, counts and
+-- sessions stay as they are. Work in the number of leases and waiters,
+-- once per budget.
+function Q.old_waiter(v)
+  if STRUCT then
+    local ok, ver, t, c, b, at, ttl, ch, sn, ds, cs, at_end = pcall(struct.unpack, '>Bi8BBi8i8I4c0I4c0I4c0I4c0', v)
+    if ok and ver == 1 and at_end == #v + 1 then
+      return {c = c, b = b, at = at, ttl = ttl, ch = ch, sn = sn, ds = ds, cs = cs}
+    end
+  end
+  local t, c, b, at, ttl, ch, sn, ds, cs = string.match(v, '^(%d+) (%d+) ([01]) (%d+) (%d+) (%S+) (%S+) (%S+) (.*)$')
+  if not t then return nil end
+  return {c = tonumber(c), b = tonumber(b), at = tonumber(at), ttl = tonumber(ttl), ch = ch, sn = sn, ds = ds, cs = cs}
+end
+
+-- A domain value of layout 2 (version 2: qf, b, then thirteen doubles,
+-- then the counts) as this build's, with its queue's account; nil for one
+-- that is not.
+function Q.old_domain(s, nw, ns, ql)
+  local v
+  if STRUCT then
+    if #s ~= 8 * (16 + NCLASS) then return nil end
+    local fmt = '>i8i8i8'
+    for _ = 1, 13 do fmt = fmt .. 'd' end
+    for _ = 1, NCLASS do fmt = fmt .. 'i8' end
+    v = {struct.unpack(fmt, s)}
+    v[1] = v[1] == 2 and 2 or nil
+  else
+    v = {}
+    for x in string.gmatch(s, '%S+') do v[#v + 1] = tonumber(x) or x end
+    if v[1] ~= 't' or v[2] ~= 2 or #v ~= 17 + NCLASS then return nil end
+    table.remove(v, 1)
+  end
+  if v[1] ~= 2 then return nil end
+  local d = {nw = nw, ns = ns, qh = 0, ql = ql, qb = 0, b = v[3], f = {}}
+  local rest = {'bk', 'tk', 'ta', 'th', 'pu', 'rx', 'wm', 'da', 'bs', 'ss', 'sa', 'fs', 'ep'}
+  for i = 1, #rest do d[rest[i]] = v[3 + i] end
+  for c = 1, NCLASS do d.f[c] = v[16 + c] end
+  return DPACK(d)
+end
+
+function convert_layout(json, ly)
+  local ce = tonumber(redis.call('HGET', CFG, 'ce')) or 0
+  local pre = P .. 'lx:' .. I(ce) .. ':'
+  local function put(sid, id, v)
+    local lk = pre .. sid
+    if redis.call('HSET', lk, id, v, '', '') == 2 then expire(lk, IDLE) end
+  end
+  if not ly or ly == '1' then
+    local lx = P .. 'lx'
+    local h = redis.call('HGETALL', lx)
+    local sids = {}
+    for i = 1, #h, 2 do
+      local l = lease_unpack(h[i + 1])
+      if l then
+        put(l.sid, h[i], h[i + 1])
+        sids[l.sid] = true
+      end
+    end
+    redis.call('DEL', lx)
+    for _, sid in ipairs(redis.call('ZRANGE', K.sexp, 0, -1)) do sids[sid] = true end
+    for sid in pairs(sids) do redis.call('DEL', P .. 'sl:' .. sid) end
+  end
+  -- The waiters of every queue, once each, in ticket order.
+  local doms = redis.call('ZRANGE', P .. 'doms', 0, -1)
+  local ws, seen, zq = {}, {}, {}
+  for _, enc in ipairs(doms) do
+    local q = P .. 'q:' .. enc
+    if redis.call('TYPE', q).ok == 'zset' then
+      zq[enc] = true
+      local z = redis.call('ZRANGE', q, 0, -1, 'WITHSCORES')
+      for i = 1, #z, 2 do
+        if not seen[z[i]] then
+          seen[z[i]] = true
+          ws[#ws + 1] = {t = tonumber(z[i + 1]), id = z[i]}
+        end
+      end
+    end
+  end
+  table.sort(ws, function(a, b) return a.t < b.t end)
+  local bufs, lens, nws, nss = {}, {}, {}, {}
+  for _, x in ipairs(ws) do
+    local key = P .. 'w:' .. x.id
+    local v = redis.pcall('GET', key)
+    local w = type(v) == 'string' and Q.old_waiter(v)
+    -- (One converted from a still older hash without its TTL or session
+    -- would be no waiter here: its own next call joins again.)
+    if w and w.ttl > 0 and w.sn ~= '-' then
+      local es = split_encs(w.ds)
+      local entry = epack(x.id, w.sn, w.ch, w.c, w.b, w.ttl, w.at, #es > 1 and w.ds or '', w.cs)
+      local offs = {}
+      for k, e in ipairs(es) do
+        if not bufs[e] then bufs[e], lens[e], nws[e], nss[e] = {}, 0, 0, 0 end
+        offs[k] = I(lens[e])
+        bufs[e][#bufs[e] + 1] = entry
+        lens[e], nws[e] = lens[e] + #entry, nws[e] + 1
+        if k > 1 then nss[e] = nss[e] + 1 end
+      end
+      put(w.sn, x.id, 'W' .. table.concat(offs, ',') .. ' ' .. w.ds)
+    end
+    redis.call('DEL', key)
+  end
+  redis.call('DEL', P .. 'wexp')
+  for _, enc in ipairs(doms) do
+    local dk, q = P .. 'd:' .. enc, P .. 'q:' .. enc
+    local s = redis.pcall('GET', dk)
+    local nv = type(s) == 'string' and Q.old_domain(s, nws[enc] or 0, nss[enc] or 0, lens[enc] or 0)
+    if zq[enc] then redis.call('DEL', q) end
+    if nv then
+      local ttl = redis.call('PTTL', dk)
+      if ttl <= 0 then ttl = IDLE end
+      redis.call('SET', dk, nv, 'PX', I(ttl))
+      if bufs[enc] then redis.call('SET', q, table.concat(bufs[enc]), 'PX', I(ttl)) end
+    end
+  end
+  if not json then
+    redis.call('HSET', CFG, 'ly', I(LAYOUT))
+    return
+  end
+  local js = string.gsub(json, '^{"layout":%d+,?', '{', 1)
+  if js == '{}' then
+    js = '{"layout":3}'
+  else
+    js = '{"layout":3,' .. string.sub(js, 2)
+  end
+  redis.call('HSET', CFG, 'ly', I(LAYOUT), 'json', js)
 end
 
 -- Returns a lease's parts (dr, db: its request slot, its body slot) to
@@ -1398,9 +1583,17 @@ local function dreturn(enc, ci, dr, db, now, lim, defer)
     if db and d.b > 0 then d.b = d.b - 1 end
   end
   local h
-  if d.qf == 1 then
-    h = head(d.q)
-    if h then candidate(h) else d.qf = 0 end
+  if d.nw > 0 then
+    -- A queue that cannot be read (a key of the wrong type, put there by
+    -- hand) fails the call, but the slots go back first: a script's
+    -- writes stay when it fails, and the release must be among them.
+    local ok, e = pcall(q_head, d)
+    if not ok then
+      if not d.new then dsave(d, now, lim) end
+      error(e, 0)
+    end
+    h = e
+    if h then candidate(h) end
   end
   if d.new then return end
   if defer and h then
@@ -1412,7 +1605,7 @@ local function dreturn(enc, ci, dr, db, now, lim, defer)
   end
 end
 
--- The same in place, with one BITFIELD that reads the version and qf and
+-- The same in place, with one BITFIELD that reads the version and nw and
 -- takes one off each count: no unpacking, no packing, no TTL change (a
 -- retirement never needs its domain's TTL renewed: the heartbeats and the
 -- grants do that). 2.4 us where loading and saving took 3.8, here. A
@@ -1452,9 +1645,10 @@ local function dreturn_fast(enc, ci, dr, db, now, lim, defer)
   -- A count below zero (its domain lost it) goes back to zero.
   if r[3] < 0 then redis.call('BITFIELD', key, 'SET', 'i64', dr and BFC[ci] or BFB, 0) end
   if r[4] and r[4] < 0 then redis.call('BITFIELD', key, 'SET', 'i64', BFB, 0) end
-  if IN_LIBRARY and (r[2] == 1) ~= (QH[key] == true) then qh_note(key, r[2] == 1) end
-  if r[2] == 1 then
-    local h = head(P .. 'q:' .. enc)
+  if IN_LIBRARY and (r[2] > 0) ~= (QH[key] == true) then qh_note(key, r[2] > 0) end
+  if r[2] > 0 then
+    -- Waiters: the head is read from the domain's account of its queue.
+    local h = q_head(dload(enc))
     if h then candidate(h) end
   end
 end
@@ -1472,9 +1666,10 @@ local function retire(lid, sid, r, b, v, defer)
   end
   local l = lease_unpack(v)
   if not l then
-    -- Only these scripts write lease records; one they cannot read is
-    -- dropped rather than kept forever.
-    redis.call('HDEL', lk, lid)
+    -- A waiter's marker is no lease (remove_waiter takes it out of line);
+    -- only these scripts write lease records, and one they cannot read
+    -- is dropped rather than kept forever.
+    if string.byte(v, 1) ~= 87 then redis.call('HDEL', lk, lid) end
     return nil
   end
   local hr, hb = l.hr, l.hb
@@ -1526,14 +1721,16 @@ local function check(req, doms, lim, now)
 end
 
 -- grant charges req to its domains and records the lease in its session;
--- check has just refilled the buckets at now. Returns the time (us) the
+-- check has just refilled the buckets at now. A queued waiter (req.queued:
+-- it heads every queue it is in) leaves them, in the same save of each
+-- domain, and the new heads become candidates. Returns the time (us) the
 -- lease has to live, or nil, having changed nothing, when req's session
--- is dead; and for a handoff the waiter's liveness deadline, as session
--- read it.
+-- is dead.
 local function grant(req, doms, lim, now)
-  local left, live = session(req.sid, req.ttl, now, req.handoff and req.id)
+  -- (A call that has just read its session says what it has left.)
+  local left = req.left or session(req.sid, req.ttl, now, req.handoff)
   if not left then return nil end
-  local ci = req.class + 1
+  local ci, queued = req.class + 1, req.queued
   for k = 1, #doms do
     local d = doms[k]
     d.f[ci] = d.f[ci] + 1
@@ -1549,31 +1746,36 @@ local function grant(req, doms, lim, now)
       d.ss = decay(d.ss, (now - d.sa) / 1000000) + 1 / TAU
       d.sa = now
     end
+    if queued then
+      local h = q_head(d)
+      if h and h.id == req.id then
+        q_pop(d, h, k > 1)
+        h = q_head(d)
+        if h then candidate(h) end
+      end
+    end
     dsave(d, now, lim)
   end
+  -- The lease takes the marker's field, if it had one.
   local encs = req.encs
   lease_put(req.sid, req.id, lease_pack(1, req.body, req.class, now, req.sid,
     #encs == 1 and encs[1] or table.concat(encs, ','), req.consumer))
-  return left, live
+  return left
 end
 
--- decide is the one admission decision for a queued waiter that heads all
--- its queues, made on its own call (acquire) or on its behalf (try_grant):
--- it grants when everything fits. Returns 'granted' and the time the lease
--- has to live (us), 'wait' and the wait in us (the rate or a pause),
--- 'blocked' (a ceiling), or 'gone' (it fits, but its session is dead).
--- Mirrors memStore.attempt.
+-- decide is the one admission decision for a waiter that heads all its
+-- queues (or has none), made on its own call (acquire) or on its behalf
+-- (try_grant): it grants when everything fits. Returns 'granted' and the
+-- time the lease has to live (us), 'wait' and the wait in us (the rate or
+-- a pause), 'blocked' (a ceiling), or 'gone' (it fits, but its session is
+-- dead). Mirrors memStore.attempt.
 local function decide(req, doms, lim, now)
   local slot, wait = check(req, doms, lim, now)
   if slot then return 'blocked', 0 end
   if wait > 0 then return 'wait', wait end
-  local left, live = grant(req, doms, lim, now)
+  local left = grant(req, doms, lim, now)
   if not left then return 'gone', 0 end
-  -- A handoff tells the waiter its session's deadline against its own
-  -- liveness deadline (try_grant), which session read before the waiter
-  -- goes.
-  remove_waiter(req.id)
-  return 'granted', left, live
+  return 'granted', left
 end
 
 -- The run_id of the Redis running this script, or nil where INFO is not
@@ -1619,20 +1821,17 @@ local function new_epoch(now, quarantine_us, rebuild)
   local f = {'epoch', e, 'qu', now + quarantine_us}
   if rebuild then
     f[#f + 1], f[#f + 2] = 'ce', e
-    -- The new ce puts every lease record out of reach (lxkey); those
-    -- of the sessions known go now rather than with their TTL.
+    -- The new ce puts every lease record and waiter's marker out of
+    -- reach (lxkey); those of the sessions known go now rather than with
+    -- their TTL. Queues go too, and a domain of the old epoch reads as
+    -- one with none (dload).
     for _, sid in ipairs(redis.call('ZRANGE', K.sexp, 0, -1)) do
       redis.call('DEL', lxkey(sid))
     end
     for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
       redis.call('DEL', P .. 'q:' .. enc)
     end
-    HEADS, NEXT = {}, nil
-    for _, wid in ipairs(redis.call('ZRANGE', K.wexp, 0, -1)) do
-      redis.call('DEL', P .. 'w:' .. wid)
-    end
-    WC = {}
-    redis.call('DEL', K.wexp)
+    HEADS, QBUF = {}, {}
     DC = {}
   end
   cfg_put(unpack(f))
@@ -1659,59 +1858,36 @@ local function vouch(lim, now, quarantine_us)
   end
 end
 
--- try_grant admits queued waiter wid on its stored request if it heads all
--- its queues and fits now, and tells it so. Returns 'granted', 'wait' (held
--- back by the rate or a pause), 'blocked' (a ceiling), 'no' (not a head of
--- every queue, or gone), or 'unknown' (a waiter without a stored request,
--- or whose session is dead: just wake it, and its own call sorts it out).
-local function try_grant(wid, now)
+-- try_grant admits queued waiter e (an entry, as read from a queue's head)
+-- on its stored request if it heads all its queues and fits now, and
+-- tells it so. Returns 'granted', 'wait' (held back by the rate or a
+-- pause), 'blocked' (a ceiling), 'no' (not a head of every queue), or
+-- 'unknown' (its session is dead, or the budget gone: just wake it, and
+-- its own call sorts it out).
+local function try_grant(e, now)
   local lim = lims()
-  -- A waiter held back by a ceiling on a domain this call has loaded is
-  -- told from what this server knows of it (WCB), without its record: the
-  -- usual case of the waiter after the one a handoff granted. Only where
-  -- nothing in the try depends on time (no rate, no throttle: check would
-  -- refill no bucket and change nothing) and no quarantine (which wakes);
-  -- the try answers 'blocked' then, as decide's check would, and a waiter
-  -- that fits, or whose domains are not loaded, is tried in full.
-  if lim and lim.rps == 0 and now >= lim.qu then
-    local cb = WCB[wid]
-    if cb then
-      local ci, body = (cb - cb % 2) / 2 + 1, cb % 2 == 1
-      local cap, bodies = lim.caps[ci], lim.bodies
-      local es, full = split_encs(WDS[wid]), false
-      for k = 1, #es do
-        local d = DC[es[k]]
-        if not d or d.th == 1 then
-          full = false
-          break
-        end
-        if (cap > 0 and d.f[ci] >= cap) or (body and bodies > 0 and d.b >= bodies) then full = true end
-      end
-      if full then return 'blocked' end
-    end
-  end
-  local w = wload(wid)
-  if not w then return 'no' end
-  if not lim or w.ttl == 0 or w.sn == '-' then return 'unknown' end
-  vouch(lim, now, w.ttl)
+  if not lim then return 'unknown' end
+  vouch(lim, now, e.ttl)
   -- No grant while the budget is quarantined after a state loss (waiters
   -- can survive a restart from AOF); the waiter learns how long from its
   -- own call, which the quarantine delays.
   if now < lim.qu then return 'wait' end
-  local encs = split_encs(w.ds)
-  for k = 1, #encs do
-    if head(P .. 'q:' .. encs[k]) ~= wid then return 'no' end
-  end
+  local encs = split_encs(e.ds ~= '' and e.ds or e.enc)
   -- One request and one domain list serve every try of the call: nothing
   -- keeps them past decide (see DPOOL for why tables are reused), and
   -- acquire's own (REUSE.areq, .adoms) stay in use while it hands off.
-  local req = REUSE.hreq
-  req.id, req.encs, req.class, req.body, req.consumer = wid, encs, w.c, w.b, w.cs
-  req.ch, req.ttl, req.sid, req.handoff = w.ch, w.ttl, w.sn, true
   local doms = REUSE.hdoms
   for k = #doms, #encs + 1, -1 do doms[k] = nil end
-  for k = 1, #encs do doms[k] = dload(encs[k]) end
-  local r, left, live = decide(req, doms, lim, now)
+  for k = 1, #encs do
+    local d = dload(encs[k])
+    local h = q_head(d)
+    if not h or h.id ~= e.id then return 'no' end
+    doms[k] = d
+  end
+  local req = REUSE.hreq
+  req.id, req.encs, req.class, req.body, req.consumer = e.id, encs, e.c, e.b, e.cs
+  req.ch, req.ttl, req.sid, req.handoff, req.queued, req.left = e.ch, e.ttl, e.sid, true, true, false
+  local r, left = decide(req, doms, lim, now)
   if r ~= 'granted' then
     -- Keep what check refilled, as memStore keeps every refill its
     -- checks make. Where the rate changes with time (a throttled domain,
@@ -1721,29 +1897,24 @@ local function try_grant(wid, now)
     -- resumes from its anchor, up to a second before the latest time read
     -- (group_clock), and a bucket refilled after the anchor and not kept
     -- would lose what that refill credited until the clock passed it
-    -- again (the long differential test found it).
+    -- again (the long differential test found it). A head passed over
+    -- marked entries moved too.
     for k = 1, #doms do
       local d = doms[k]
-      if d.th == 1 or d.rf then dsave(d, now, lim) end
+      if d.th == 1 or d.rf or d.dirty then dsave(d, now, lim) end
     end
     if r == 'gone' then return 'unknown' end
     return r
   end
-  -- The message carries the grant, its session, and how much earlier than
-  -- the waiter's own liveness deadline (its latest call's or renewal's
-  -- time, plus its TTL) the session's deadline falls: the waiter need not
-  -- call to learn it (if the message is lost, its next call finds the
-  -- lease). The waiter knows when it sent its calls, so it counts the
-  -- lease's TTL from one of them, not from the grant, which it cannot
-  -- time: an age since the grant would have to be counted from its latest
-  -- call too, and so twice.
-  if not live then
-    wake(wid) -- no liveness deadline to count from: its call learns the age
-    return 'granted'
-  end
-  local short = live - now - left
+  -- The message carries the grant, its session, and how much less than a
+  -- TTL its session had left: the waiter need not call to learn it (if
+  -- the message is lost, its next call finds the lease). The waiter knows
+  -- when it sent its calls, and Redis ran this after any of them that
+  -- found it queued, so counting the lease's TTL from one of them, less
+  -- that, never counts past the session's deadline.
+  local short = e.ttl - left
   if short < 0 then short = 0 end
-  redis.call(PUB, P .. 'wake:' .. req.ch, 'granted ' .. wid .. ' ' .. req.sid .. ' ' .. I(short))
+  redis.call(PUB, P .. 'wake:' .. e.ch, 'granted ' .. e.id .. ' ' .. e.sid .. ' ' .. I(short))
   return 'granted'
 end
 
@@ -1755,17 +1926,17 @@ local function hand_off(now)
   if not CANDS then return end
   local i, granted = 1, 0
   while i <= #CANDS do
-    local wid = CANDS[i]
+    local e = CANDS[i]
     i = i + 1
-    PENDING[wid] = nil
+    PENDING[e.id] = nil
     if granted >= HANDOFF then
-      wake(wid) -- past the bound: let it call for itself
+      wake(e) -- past the bound: let it call for itself
     else
-      local r = try_grant(wid, now)
+      local r = try_grant(e, now)
       if r == 'granted' then
         granted = granted + 1
       elseif r == 'wait' or r == 'unknown' then
-        wake(wid)
+        wake(e)
       end
     end
   end
@@ -1811,7 +1982,7 @@ local RESCAN = 1000000 -- us
 local function reclaim(now)
   local lim = lims()
   if lim and now < lim.rc then return end
-  local sexp, wexp = K.sexp, K.wexp
+  local sexp = K.sexp
   local left = RECLAIM
   local sids = redis.call('ZRANGEBYSCORE', sexp, '-inf', I(now), 'LIMIT', 0, RECLAIM)
   for _, sid in ipairs(sids) do
@@ -1826,7 +1997,9 @@ local function reclaim(now)
       local kv = redis.call('HRANDFIELD', lk, asked, 'WITHVALUES')
       for k = 1, #kv, 2 do
         if kv[k] ~= '' then
-          retire(kv[k], sid, 1, 1, kv[k + 1])
+          local v = kv[k + 1]
+          -- A waiter of the dead session goes with it (Queues).
+          if string.byte(v, 1) == 87 then unqueue(kv[k], sid, v) else retire(kv[k], sid, 1, 1, v) end
           left = left - 1
           if left == 0 then break end
         end
@@ -1835,17 +2008,11 @@ local function reclaim(now)
     end
     if empty then end_session(sid, now) end
   end
-  local ids = redis.call('ZRANGEBYSCORE', wexp, '-inf', I(now), 'LIMIT', 0, RECLAIM)
-  for _, wid in ipairs(ids) do
-    remove_waiter(wid)
-  end
   if lim then
     -- With work left, the head is still due and the next script goes on.
     local rc = now + RESCAN
-    for _, z in ipairs({sexp, wexp}) do
-      local h = redis.call('ZRANGE', z, '0', '0', 'WITHSCORES')
-      if h[2] then rc = math.min(rc, tonumber(h[2])) end
-    end
+    local h = redis.call('ZRANGE', sexp, '0', '0', 'WITHSCORES')
+    if h[2] then rc = math.min(rc, tonumber(h[2])) end
     cfg_put('rc', rc)
   end
 end

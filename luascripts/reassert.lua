@@ -123,7 +123,9 @@ for j = 1, #kv, 2 do
   if id ~= '' and not named[id] and not (spanned and redis.call('HEXISTS', ra, id) == 1) then
     local l = lease_unpack(kv[j + 1])
     if not l then
-      redis.call('HDEL', lx, id)
+      -- A queued waiter's marker is no lease, and stays (lib.lua,
+      -- Queues); a record no build can read goes.
+      if string.byte(kv[j + 1], 1) ~= 87 then redis.call('HDEL', lx, id) end
     elseif l.g < epoch then
       retire(id, sid, 1, 1, kv[j + 1])
     end

@@ -82,20 +82,19 @@ if quarantine > (tonumber(redis.call('HGET', CFG, 'tl')) or 0) then
   cfg_put('tl', quarantine)
 end
 redis.call('HSETNX', CFG, 'epoch', I(now))
-redis.call('HSETNX', CFG, 'seq', 0)
 touch_cfg(now)
 reclaim(now)
 if replacing then
   -- New ceilings may let waiters move: every queue's head is a candidate,
-  -- oldest first (by ticket, as memStore.Register tries them; the order
+  -- oldest first (by arrival, as memStore.Register tries them; the order
   -- decides who gets capacity two heads both want). done() grants those
   -- that fit and wakes the rest that must hear of it.
   local heads, seen = {}, {}
   for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
-    local h = redis.call('ZRANGE', P .. 'q:' .. enc, 0, 0, 'WITHSCORES')
-    if h[1] and not seen[h[1]] then
-      seen[h[1]] = true
-      heads[#heads + 1] = {tonumber(h[2]), h[1]}
+    local h = q_head(dload(enc))
+    if h and not seen[h.id] then
+      seen[h.id] = true
+      heads[#heads + 1] = {h.at, h}
     end
   end
   table.sort(heads, function(a, b) return a[1] < b[1] end)

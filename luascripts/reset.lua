@@ -24,9 +24,7 @@ if lim.rps == 0 then
 elseif d.ta > now then
   d.ta = now -- tokens stop being held back by the pause
 end
+local h = q_head(d)
 dsave(d, now, lim)
-if d.qf == 1 then
-  local h = head(d.q)
-  if h then candidate(h) end
-end
+if h then candidate(h) end
 return done({R_OK})

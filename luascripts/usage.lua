@@ -14,7 +14,7 @@ local lim = lims()
 if not lim then return {R_UNREGISTERED} end
 touch_cfg(now)
 reclaim(now)
-local out = {R_OK, I(redis.call('ZCARD', P .. 'wexp'))}
+local out, waiters = {R_OK, '0'}, 0
 local doms = P .. 'doms'
 for _, enc in ipairs(redis.call('ZRANGE', doms, 0, -1)) do
   local d = dload(enc)
@@ -23,8 +23,9 @@ for _, enc in ipairs(redis.call('ZRANGE', doms, 0, -1)) do
   else
     local f = factor(d, now)
     local pu = math.max(0, d.pu - now)
-    local ql = 0
-    if d.qf == 1 then ql = redis.call('ZCARD', d.q) end
+    local ql = d.nw
+    -- A waiter on several domains counts once, in its first.
+    waiters = waiters + d.nw - d.ns
     local held = d.b + ql
     for c = 1, NCLASS do held = held + d.f[c] end
     if held > 0 or f < 1 or pu > 0 then
@@ -34,4 +35,5 @@ for _, enc in ipairs(redis.call('ZRANGE', doms, 0, -1)) do
     end
   end
 end
+out[2] = I(waiters)
 return done(out)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/internal/dompack"
 	"github.com/runbudget/runbudget/internal/recpack"
 	"github.com/runbudget/runbudget/lease"
 )
@@ -174,29 +175,45 @@ func (a *Admin) List(ctx context.Context) ([]BudgetSummary, error) {
 		}
 		p := strings.TrimSuffix(k, "cfg")
 		pipe := a.client.Pipeline()
-		doms := pipe.ZCard(ctx, p+"doms")
-		waiters := pipe.ZCard(ctx, p+"wexp")
+		doms := pipe.ZRange(ctx, p+"doms", 0, -1)
+		oldWaiters := pipe.ZCard(ctx, p+"wexp") // layouts 1 and 2: a deadline per waiter
 		cfg := pipe.HMGet(ctx, k, "ly", "ce")
 		old := pipe.HLen(ctx, p+"lx") // layout 1: every lease in one hash
 		sessions := pipe.ZRange(ctx, p+"sexp", 0, -1)
 		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 			return nil, fmt.Errorf("redisstore: listing budgets: %w: %v", budget.ErrUnavailable, err)
 		}
-		leases := old.Val()
+		leases, waiters := old.Val(), oldWaiters.Val()
 		if ly, _ := cfg.Val()[0].(string); ly != "" && ly != "1" {
 			// A hash per session (lib.lua, lxkey), each with one field
-			// that is no lease.
+			// that is no lease; in layout 3 the waiters' markers too,
+			// which their domains count (nw less ns).
 			ce, _ := cfg.Val()[1].(string)
 			pipe := a.client.Pipeline()
 			lens := make([]*redis.IntCmd, 0, len(sessions.Val()))
 			for _, sid := range sessions.Val() {
 				lens = append(lens, pipe.HLen(ctx, recpack.LeaseKey(p, ce, sid)))
 			}
+			var vals []*redis.StringCmd
+			if ly != "2" {
+				for _, enc := range doms.Val() {
+					vals = append(vals, pipe.Get(ctx, p+"d:"+enc))
+				}
+			}
 			if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 				return nil, fmt.Errorf("redisstore: listing budgets: %w: %v", budget.ErrUnavailable, err)
 			}
 			for _, n := range lens {
 				leases += max(n.Val()-1, 0)
+			}
+			if ly != "2" {
+				waiters = 0
+				for _, v := range vals {
+					if d, err := dompack.Decode(v.Val(), budget.NumClasses); err == nil && d.Epoch == epochOf(cfg.Val()[1]) {
+						waiters += int64(d.Waiters - d.Secondary)
+					}
+				}
+				leases = max(leases-waiters, 0)
 			}
 		}
 		b := byName[name]
@@ -205,9 +222,9 @@ func (a *Admin) List(ctx context.Context) ([]BudgetSummary, error) {
 			byName[name] = b
 		}
 		b.Groups++
-		b.Domains += int(doms.Val())
+		b.Domains += len(doms.Val())
 		b.Leases += int(leases)
-		b.Waiters += int(waiters.Val())
+		b.Waiters += int(waiters)
 	}
 	out := make([]BudgetSummary, 0, len(byName))
 	for _, b := range byName {
@@ -266,7 +283,7 @@ type WaiterState struct {
 	Consumer  string          `json:"consumer"`
 	Domains   []budget.Domain `json:"domains"`
 	Class     budget.OpClass  `json:"class"`
-	Ticket    int64           `json:"ticket"`
+	Ticket    int64           `json:"ticket"` // orders waiters by arrival: the group clock at its join, us
 	Waiting   time.Duration   `json:"waiting"`
 	ExpiresIn time.Duration   `json:"expires_in"`
 }
@@ -701,4 +718,12 @@ func (a *Admin) functionError(ctx context.Context, what string, err error) error
 		return ErrNoFunctions
 	}
 	return fmt.Errorf("redisstore: %s: %w: %v", what, budget.ErrUnavailable, err)
+}
+
+// epochOf reads the config's ce as HMGET gives it (0 when absent): the
+// epoch domains' counts must be of to count (lib.lua, dload).
+func epochOf(v any) int64 {
+	s, _ := v.(string)
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return n
 }

@@ -53,7 +53,7 @@ func (s *Store) Register(ctx context.Context, l budget.Limits, replace bool) err
 
 // layout is the layout of a budget's keys that this build reads and
 // writes (luascripts/lib.lua, LAYOUT).
-const layout = 2
+const layout = 3
 
 // storedLimits is the JSON of l as a group's config holds it: the layout
 // first, then l's fields (map keys sorted: canonical). A build that moves
@@ -228,6 +228,17 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		// which moves it into the current one.
 		delete(s.wakes, id)
 		basis := w.liveFrom().Add(-w.short)
+		// The lease lives as long as its session, which Redis keeps for
+		// a TTL from g.renewed at least; and the grant came after the
+		// waiter's call that liveFrom is, so no basis later than that
+		// makes the lease look younger than it is.
+		b := g.renewed
+		if lf := w.liveFrom(); lf.Before(b) {
+			b = lf
+		}
+		if b.After(basis) {
+			basis = b
+		}
 		record(g.sid, basis)
 		s.mu.Unlock()
 		return budget.Attempt{Outcome: budget.Granted, GrantedAgo: s.now().Sub(basis)}, nil
@@ -331,6 +342,11 @@ func (s *Store) TryAcquire(ctx context.Context, id string, req budget.Request) (
 		s.mu.Lock()
 		if sent.After(w.answered) {
 			w.answered = sent
+		}
+		if r.left > 0 {
+			// The call ran after it was sent, so the session's deadline
+			// is at least left past the sending.
+			s.confirmLocked(g, sid, sent.Add(r.left-s.ttl))
 		}
 		w.queued, w.delayed = true, false
 		s.mu.Unlock()

@@ -33,7 +33,7 @@
 // keys start "rb:{<hex of name>.<hex of key>}:" (hex has no ".", so the pair
 // is recovered exactly and never collides with another pair or with the
 // unsharded name). A group is what a whole budget is without sharding (its
-// own config, tickets, queues, domains, leases and wake channel), so FIFO
+// own config, queues, domains, leases and wake channel), so FIFO
 // and multi-domain atomicity hold within a group, a request must stay in
 // one, and groups on different Cluster masters admit in parallel.
 //
@@ -131,14 +131,19 @@
 // A grant joins the session without renewing it, unless less than two
 // thirds of a TTL is left, and reports as the lease's age the part of the
 // session's TTL already spent, so a keeper never counts a lease alive
-// past its session's deadline. A handoff (below) extends the session no
-// further than the waiter's own liveness deadline, a TTL after its latest
-// call, and not at all when the session ends less than a sixth of a TTL
-// before it, and reports how far short of that deadline the session ends:
-// the waiter counts from a call it sent, which it can time, where an age
-// since the grant would have to be counted from that call as well, twice
-// (under load a waiter last heard of a third of a TTL before its grant got
-// a lease its keeper gave up at once, or refused as stale). Hosts of this version and older ones (with
+// past its session's deadline. A queued waiter belongs to a session too:
+// its place in line lives as long as the session (its process renews the
+// session by its heartbeats, or, holding no lease there, by its waiters'
+// renewals), and reclaim takes the waiters of a dead session out of line
+// with its leases. A handoff (below) grants into the waiter's session as
+// it is, never extending it (a dead process's waiters must not keep its
+// session alive by being granted), and reports how much less than a TTL
+// the session has left: the waiter counts from a call it sent, which it
+// can time, less that, or from its session's last confirmed renewal,
+// whichever is later, and never from after its call (an age since the
+// grant would have to be counted from that call as well, twice: under
+// load a waiter last heard of a third of a TTL before its grant got a
+// lease its keeper gave up at once, or refused as stale). Hosts of this version and older ones (with
 // a deadline per lease) keep leases in different keys, so they must not
 // share a budget: a rolling upgrade needs a new budget name, or a stop.
 // The same holds for the packed domain keys (one string per domain, where
@@ -146,14 +151,7 @@
 // finds, counts and TTL kept, so a budget left by an older build (stopped
 // first) carries on; an older host still running fails closed on a
 // converted domain (Redis answers WRONGTYPE, which it reports as
-// ErrUnavailable) rather than counting beside this one. Likewise a queued
-// waiter is one string (a build before it kept a hash of the same
-// fields): this build converts a waiter hash where a script first reads
-// it, TTL kept, so a waiter queued by an older build keeps its place and
-// is granted in turn; an older host still running fails closed on a
-// converted waiter, as on a converted domain. On a Redis whose Lua has the
-// struct library the string is binary (text before, and on miniredis
-// still); a text record an older build queued is read as it is.
+// ErrUnavailable) rather than counting beside this one.
 //
 // A budget's config names the layout its keys are kept in (absent: layout
 // 1), and a build refuses a budget kept in a newer layout than it reads,
@@ -162,18 +160,24 @@
 // layouts did so from layout 1 on; hosts of builds before them cannot
 // tell, and must be stopped first.
 //
-// This build keeps layout 2: each session's leases are one hash of their
-// own, where layout 1 kept every lease of a group in one hash beside a set
-// of lease ids per session, so a grant writes one field and a release
-// reads and deletes one, with no set to keep beside them (BENCHMARKS.md,
-// layout 2). The
-// hash's name carries the epoch the counts are of, so a state loss or a
-// clock jump that wipes the counts leaves the old records unreadable. The
-// first call of this build on a budget in layout 1 converts it in one
-// step, leases, waiters and places in line kept, and names layout 2 with
-// the limits' JSON changed in its bytes (the layout put first): hosts of
-// the older build then re-read the layout and fail closed, so upgrade
-// every host of a run together.
+// This build keeps layout 3. Each session's leases are one hash of their
+// own (layout 2; layout 1 kept every lease of a group in one hash beside
+// a set of lease ids per session), so a grant writes one field and a
+// release reads and deletes one. The hash's name carries the epoch the
+// counts are of, so a state loss or a clock jump that wipes the counts
+// leaves the old records unreadable. Each domain's queue is one string of
+// entries, each a waiter's whole record, in the order their joins ran
+// (layouts 1 and 2 kept a sorted set of waiter ids by ticket, a key per
+// waiter and a deadline per waiter), and the waiter's marker in its
+// session's hash says where its entries are: a join behind others is one
+// BITFIELD (its place, counted in its domain's value), one HSETNX and one
+// APPEND, and a handoff reads the head and the waiter after it with one
+// GETRANGE (BENCHMARKS.md, layout 3). The first call of this build on a
+// budget in layout 1 or 2 converts it in one step, leases, waiters and
+// places in line kept, and names layout 3 with the limits' JSON changed
+// in its bytes (the layout put first): hosts of the older build then
+// re-read the layout and fail closed, so upgrade every host of a run
+// together.
 //
 // Keys expire after max(20 x TTL, 5 min) without use, so an idle budget
 // leaves nothing behind; a domain's key lives at least until its bucket is
@@ -182,8 +186,9 @@
 // session's keys and of the domain keys its leases count in, by a
 // heartbeat once a quarter of the idle TTL. Keys that live beside another
 // follow it instead of being renewed on their own: a domain's queue is
-// renewed with the domain, the waiters' deadlines with the budget's
-// config, so a waiter that joins behind another renews no TTL at all. On a
+// renewed with the domain, the sessions' hashes (and the waiters' markers
+// in them) with the budget's config, so a waiter that joins behind
+// another renews no TTL at all. On a
 // loaded machine each command inside a script costs a microsecond or more.
 //
 // # Wake events
@@ -198,8 +203,8 @@
 // measured 1 of 8 slots in use with 64 lanes). Scripts publish on the
 // waiter's process channel (SPUBLISH on a Cluster, so the message stays on
 // the shard of the group's slot) "granted <id> <session> <short>" for a
-// waiter they granted (the session it joined, and how much earlier than
-// the waiter's liveness deadline that session ends), which then returns from Acquire
+// waiter they granted (the session it joined, and how much less than a
+// TTL that session had left), which then returns from Acquire
 // with no further call, or "<id>" for one
 // held back by time (the rate or a pause), which calls to learn how long
 // to sleep. One held back by a ceiling stays asleep until a release tries

@@ -106,6 +106,7 @@ type group struct {
 	keysRenewed time.Time            // when a heartbeat last renewed the idle TTLs of the session's keys
 	domsRenewed map[string]time.Time // domains of leases held, and when a heartbeat last checked their keys
 	done        map[doneID]struct{}  // what the next heartbeat cancels: see heartbeat.lua
+	flushAt     time.Time            // when renewals may send done's cancels themselves (flushDone); zero: not yet planned
 
 	commit committer // this process's calls to the group in flight and queued (batch.go)
 

@@ -99,7 +99,7 @@ func TestReleaseSavesItsDomainWhenNoHandoffFollows(t *testing.T) {
 
 // TestReleaseSavesItsDomainWhenTheHandoffFails: the end-of-call save of a
 // release's domain happens even when the handoff after it fails, here on
-// a waiter's key an operator replaced with a list: the script's other
+// a queue's key an operator replaced with a list: the script's other
 // writes stay, and the returned slot must be among them.
 func TestReleaseSavesItsDomainWhenTheHandoffFails(t *testing.T) {
 	for _, tc := range bothServers() {
@@ -109,7 +109,7 @@ func TestReleaseSavesItsDomainWhenTheHandoffFails(t *testing.T) {
 			s := sessionStore(t, c, "broken", 30*time.Second, nil, 1)
 			grantNow(t, s, "held")
 			queueNow(t, s, "w1", get(dom("a")))
-			key := "rb:{" + hex.EncodeToString([]byte("broken")) + "}:w:w1"
+			key := "rb:{" + hex.EncodeToString([]byte("broken")) + "}:q:1." + hex.EncodeToString([]byte("a"))
 			if err := c.Del(ctx, key).Err(); err != nil {
 				t.Fatal(err)
 			}
@@ -118,7 +118,7 @@ func TestReleaseSavesItsDomainWhenTheHandoffFails(t *testing.T) {
 			}
 			err := s.Retire(ctx, "held", lease.All)
 			if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
-				t.Fatalf("Retire over a broken waiter key = %v, want its WRONGTYPE", err)
+				t.Fatalf("Retire over a broken queue key = %v, want its WRONGTYPE", err)
 			}
 			if n := inFlightOf(t, s); n != 0 {
 				t.Fatalf("domain a after the failed handoff: %d in flight, want 0 (the release's own write)", n)

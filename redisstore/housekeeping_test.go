@@ -419,7 +419,8 @@ func TestQueueKeysRenewedWhenDue(t *testing.T) {
 	c, clock, holder, waiter := twoHosts(t, "qttl", time.Hour, 2)
 	ctx := context.Background()
 	p := "rb:{" + hex.EncodeToString([]byte("qttl")) + "}:"
-	q, wexp, sl := p+"q:1."+hex.EncodeToString([]byte("a")), p+"wexp", redistest.LeaseKey(ctx, c, p, redisstore.SessionID(holder))
+	q, sl := p+"q:1."+hex.EncodeToString([]byte("a")), redistest.LeaseKey(ctx, c, p, redisstore.SessionID(holder))
+	wexp := redistest.LeaseKey(ctx, c, p, redisstore.SessionID(waiter)) // the waiters' markers (lib.lua, Queues)
 	idle := redisstore.IdleTTL(holder)
 	const short = time.Hour // stands in for a TTL mostly spent
 	ttl := func(k string) time.Duration { return c.PTTL(ctx, k).Val() }

@@ -2,9 +2,11 @@ package redisstore_test
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"maps"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -107,95 +109,6 @@ func TestOldDomainHashConverted(t *testing.T) {
 	}
 }
 
-// TestOldWaiterFormsRead: a queued waiter written by an older build is a
-// hash (t, c, b, at, ttl, ch, sn, ds, cs; before the packed layout) or a
-// text record (before the binary one, and miniredis's form still). This
-// build reads it where it finds it: an operator's inspection lists it, a
-// release hands the slot to it as before, and what is left is nothing.
-func TestOldWaiterFormsRead(t *testing.T) {
-	for _, tc := range bothServers() {
-		for _, form := range []string{"hash", "text"} {
-			t.Run(tc.name+"/"+form, func(t *testing.T) { oldWaiterRead(t, tc.client(t), form, tc.name == "redis") })
-		}
-	}
-}
-
-// oldWaiterRead is TestOldWaiterFormsRead on c; packed says the server's
-// Lua has the struct library, so that this build writes the binary form.
-func oldWaiterRead(t *testing.T, c *redis.Client, form string, packed bool) {
-	ctx := context.Background()
-	b := open(t, c, "oldwaiter", budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 1}}, time.Minute)
-	a := dom("a")
-	held := mustAcquire(t, b, get(a))
-	got := make(chan error, 1)
-	go func() {
-		l, err := b.Acquire(within(t, 30*time.Second), get(a))
-		if err == nil {
-			l.Release()
-		}
-		got <- err
-	}()
-	prefix := "rb:{" + hex.EncodeToString([]byte("oldwaiter")) + "}:"
-	var key, v string
-	for deadline := time.Now().Add(10 * time.Second); key == ""; {
-		if keys := c.Keys(ctx, prefix+"w:*").Val(); len(keys) == 1 {
-			key = keys[0]
-			v = c.Get(ctx, key).Val()
-		} else if time.Now().After(deadline) {
-			t.Fatal("no waiter queued")
-		} else {
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-	if packed != recpack.Binary(v) {
-		t.Fatalf("waiter record %q: binary form %v, want %v", v, !packed, packed)
-	}
-	w, err := recpack.DecodeWaiter(v)
-	if err != nil || w.Consumer != "test" || w.Domains != "1."+hex.EncodeToString([]byte("a")) {
-		t.Fatalf("packed waiter %q: %+v, %v", v, w, err)
-	}
-	// Put it back the way an older build kept it.
-	c.Del(ctx, key)
-	if form == "hash" {
-		b := "0"
-		if w.Body {
-			b = "1"
-		}
-		c.HSet(ctx, key, "t", w.Ticket, "c", w.Class, "b", b, "at", w.Arrived, "ttl", w.TTL, "ch", w.Channel,
-			"sn", w.Session, "ds", strings.ReplaceAll(w.Domains, ",", " "), "cs", w.Consumer)
-	} else {
-		c.Set(ctx, key, w.Text(), 0)
-	}
-	c.PExpire(ctx, key, time.Minute)
-
-	ad, err := redisstore.NewAdmin(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	in, err := ad.Inspect(ctx, "oldwaiter", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(in.Waiters) != 1 || in.Waiters[0].Consumer != "test" || len(in.Waiters[0].Domains) != 1 ||
-		in.Waiters[0].Domains[0] != a || in.Waiters[0].Class != budget.OpGet {
-		t.Fatalf("inspection of the old waiter %s: %+v", form, in.Waiters)
-	}
-	if typ := c.Type(ctx, key).Val(); typ != "string" {
-		t.Errorf("waiter key is a %s after a script read it, want string", typ)
-	}
-	if ttl := c.PTTL(ctx, key).Val(); ttl <= 0 {
-		t.Errorf("converted waiter key has no TTL (%v)", ttl)
-	}
-	held.Release()
-	if err := <-got; err != nil {
-		t.Fatalf("the converted waiter: %v", err)
-	}
-	expectIdle(t, b)
-	if n := len(c.Keys(ctx, prefix+"w:*").Val()); n != 0 {
-		t.Errorf("%d waiter keys left", n)
-	}
-}
-
 // TestOldLeaseTextRead: a lease record an older build wrote is text. This
 // build reads it where it finds it: its request slot and then its body
 // slot are retired apart (the partial retirement writes the record again,
@@ -238,92 +151,180 @@ func TestOldLeaseTextRead(t *testing.T) {
 	}
 }
 
-// TestLayout1Converted: a budget kept in layout 1 (every lease in one hash,
-// lx, and each session's lease ids in a set, sl:<sid>; no ly in its config,
-// and the limits' JSON without the layout) is converted by the first call
-// of this build: each lease moves to its session's hash, lx and the sets
-// go, and the config names layout 2 with its JSON as this build sends it,
-// so a host of this build registers the same limits without a conflict. A
-// lease held across the conversion is released as usual, and a waiter
-// queued before it is granted in turn. On a real Redis (through the
-// library, and by EVALSHA) and on miniredis.
-func TestLayout1Converted(t *testing.T) {
+// TestOlderLayoutsConverted: a budget kept in layout 2 (each queue a
+// sorted set of waiter ids by ticket, a record per waiter, w:<id>, and
+// their deadlines in wexp; domain values of version 2) or in layout 1
+// (that, and every lease in one hash, lx, with each session's lease ids in
+// a set, sl:<sid>; no ly in its config, and the limits' JSON without the
+// layout) is converted by the first call of this build: each lease moves
+// to its session's hash, each queue becomes a string of entries with each
+// waiter's marker, the old keys go, and the config names layout 3 with its
+// JSON as this build sends it, so a host of this build registers the same
+// limits without a conflict. A lease held across the conversion is
+// released as usual, and a waiter queued before it keeps its place and is
+// granted in turn. On a real Redis (through the library, and by EVALSHA)
+// and on miniredis (whose records are text).
+func TestOlderLayoutsConverted(t *testing.T) {
 	for _, tc := range layoutServers() {
-		t.Run(tc.name, func(t *testing.T) {
-			c := tc.client(t)
-			ctx := context.Background()
-			limits := budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 1}}
-			b, err := budget.New(limits, budget.WithStore(mustStore(t, c, "layout1", append([]redisstore.Option{redisstore.WithLeaseTTL(time.Minute)}, tc.opts...)...)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer b.Close()
-			a := dom("a")
-			held := mustAcquire(t, b, get(a))
-			got := make(chan error, 1)
-			go func() {
-				l, err := b.Acquire(ctx, get(a))
-				if err == nil {
-					l.Release()
-				}
-				got <- err
-			}()
-			deadline := time.Now().Add(5 * time.Second)
-			for usage(t, b).Waiters != 1 {
-				if time.Now().After(deadline) {
-					t.Fatal("the waiter never queued")
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-			prefix := "rb:{" + hex.EncodeToString([]byte("layout1")) + "}:"
-			cfg := prefix + "cfg"
-			recs, sessions := redistest.Leases(ctx, c, prefix)
-			sid := sessions[held.ID()]
-			stored := c.HGet(ctx, cfg, "json").Val()
-			if !strings.HasPrefix(stored, `{"layout":2,`) || c.HGet(ctx, cfg, "ly").Val() != "2" {
-				t.Fatalf("config of this build: ly %q, json %s", c.HGet(ctx, cfg, "ly").Val(), stored)
-			}
-			// Put the budget back the way layout 1 kept it, in one step.
-			if _, err := c.TxPipelined(ctx, func(tx redis.Pipeliner) error {
-				tx.Del(ctx, redistest.LeaseKey(ctx, c, prefix, sid))
-				tx.HSet(ctx, prefix+"lx", held.ID(), recs[held.ID()])
-				tx.SAdd(ctx, prefix+"sl:"+sid, held.ID(), "")
-				tx.HDel(ctx, cfg, "ly")
-				tx.HSet(ctx, cfg, "json", "{"+strings.TrimPrefix(stored, `{"layout":2,`))
-				return nil
-			}); err != nil {
-				t.Fatal(err)
-			}
-			if du := domainOf(usage(t, b), a); du.InFlight[budget.OpGet] != 1 { // the first call converts
-				t.Fatalf("usage after the conversion: %+v", du)
-			}
-			if ly, js := c.HGet(ctx, cfg, "ly").Val(), c.HGet(ctx, cfg, "json").Val(); ly != "2" || js != stored {
-				t.Errorf("converted config: ly %q, json %s; want 2, %s", ly, js, stored)
-			}
-			if n := c.Exists(ctx, prefix+"lx", prefix+"sl:"+sid).Val(); n != 0 {
-				t.Errorf("%d keys of layout 1 left", n)
-			}
-			k := redistest.LeaseKey(ctx, c, prefix, sid)
-			if v := c.HGet(ctx, k, held.ID()).Val(); v != recs[held.ID()] || c.PTTL(ctx, k).Val() <= 0 {
-				t.Errorf("the held lease in its session's hash: %q (TTL %v), want %q", v, c.PTTL(ctx, k).Val(), recs[held.ID()])
-			}
-			again, err := budget.New(limits, budget.WithStore(mustStore(t, c, "layout1", tc.opts...)))
-			if err != nil {
-				t.Fatalf("a host of this build with the same limits, after the conversion: %v", err)
-			}
-			again.Close()
-			held.Release()
-			select {
-			case err := <-got:
-				if err != nil {
-					t.Fatalf("the waiter queued before the conversion: %v", err)
-				}
-			case <-time.After(5 * time.Second):
-				t.Fatal("the waiter queued before the conversion was not granted")
-			}
-			expectIdle(t, b)
-		})
+		for _, ly := range []string{"1", "2"} {
+			t.Run(tc.name+"/layout"+ly, func(t *testing.T) { olderLayoutConverted(t, tc, ly) })
+		}
 	}
+}
+
+func olderLayoutConverted(t *testing.T, tc layoutServer, ly string) {
+	c := tc.client(t)
+	ctx := context.Background()
+	name := "older" + ly
+	limits := budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 1}}
+	b, err := budget.New(limits, budget.WithStore(mustStore(t, c, name, append([]redisstore.Option{redisstore.WithLeaseTTL(time.Minute)}, tc.opts...)...)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	a := dom("a")
+	held := mustAcquire(t, b, get(a))
+	got := make(chan error, 1)
+	go func() {
+		l, err := b.Acquire(ctx, get(a))
+		if err == nil {
+			l.Release()
+		}
+		got <- err
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for usage(t, b).Waiters != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter never queued")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	prefix := "rb:{" + hex.EncodeToString([]byte(name)) + "}:"
+	cfg := prefix + "cfg"
+	recs, sessions := redistest.Leases(ctx, c, prefix)
+	sid := sessions[held.ID()]
+	stored := c.HGet(ctx, cfg, "json").Val()
+	if !strings.HasPrefix(stored, `{"layout":3,`) || c.HGet(ctx, cfg, "ly").Val() != "3" {
+		t.Fatalf("config of this build: ly %q, json %s", c.HGet(ctx, cfg, "ly").Val(), stored)
+	}
+	enc := "1." + hex.EncodeToString([]byte("a"))
+	q, dk := prefix+"q:"+enc, prefix+"d:"+enc
+	es, err := recpack.DecodeQueue(c.Get(ctx, q).Val())
+	if err != nil || len(es) != 1 || es[0].Dead {
+		t.Fatalf("queue of this build: %+v, %v; want one live entry", es, err)
+	}
+	e := es[0]
+	d, err := dompack.Decode(c.Get(ctx, dk).Val(), budget.NumClasses)
+	if err != nil || d.Waiters != 1 || d.QueueLen != int64(len(c.Get(ctx, q).Val())) {
+		t.Fatalf("domain of this build: %+v, %v", d, err)
+	}
+	// Put the budget back the way the older layout kept it, in one step.
+	old := recpack.Waiter{Ticket: 7, Class: e.Class, Body: e.Body, Arrived: e.Arrived, TTL: e.TTL,
+		Channel: e.Channel, Session: e.Session, Domains: enc, Consumer: e.Consumer}
+	js := `{"layout":2,` + strings.TrimPrefix(stored, `{"layout":3,`)
+	if _, err := c.TxPipelined(ctx, func(tx redis.Pipeliner) error {
+		tx.HDel(ctx, redistest.LeaseKey(ctx, c, prefix, e.Session), e.ID)
+		tx.Del(ctx, q)
+		tx.ZAdd(ctx, q, redis.Z{Score: 7, Member: e.ID})
+		tx.PExpire(ctx, q, time.Minute)
+		tx.Set(ctx, prefix+"w:"+e.ID, old.Text(), time.Minute)
+		tx.ZAdd(ctx, prefix+"wexp", redis.Z{Score: float64(e.Arrived + e.TTL), Member: e.ID})
+		tx.Set(ctx, dk, domainV2(d, tc.name == "miniredis"), redis.KeepTTL)
+		tx.HSet(ctx, cfg, "ly", "2", "json", js)
+		if ly == "1" {
+			tx.Del(ctx, redistest.LeaseKey(ctx, c, prefix, sid))
+			tx.HSet(ctx, prefix+"lx", held.ID(), recs[held.ID()])
+			tx.SAdd(ctx, prefix+"sl:"+sid, held.ID(), "")
+			tx.HDel(ctx, cfg, "ly")
+			tx.HSet(ctx, cfg, "json", "{"+strings.TrimPrefix(stored, `{"layout":3,`))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	u := usage(t, b) // the first call converts
+	if du := domainOf(u, a); du.InFlight[budget.OpGet] != 1 || u.Waiters != 1 {
+		t.Fatalf("usage after the conversion: %+v, %d waiters", du, u.Waiters)
+	}
+	if ly, js := c.HGet(ctx, cfg, "ly").Val(), c.HGet(ctx, cfg, "json").Val(); ly != "3" || js != stored {
+		t.Errorf("converted config: ly %q, json %s; want 3, %s", ly, js, stored)
+	}
+	if n := c.Exists(ctx, prefix+"lx", prefix+"sl:"+sid, prefix+"w:"+e.ID, prefix+"wexp").Val(); n != 0 {
+		t.Errorf("%d keys of the older layout left", n)
+	}
+	if es, err := recpack.DecodeQueue(c.Get(ctx, q).Val()); err != nil || len(es) != 1 || es[0].ID != e.ID || es[0].Session != e.Session ||
+		es[0].Consumer != e.Consumer || c.PTTL(ctx, q).Val() <= 0 {
+		t.Errorf("converted queue: %+v, %v (TTL %v)", es, err, c.PTTL(ctx, q).Val())
+	}
+	k := redistest.LeaseKey(ctx, c, prefix, sid)
+	if v := c.HGet(ctx, k, held.ID()).Val(); v != recs[held.ID()] || c.PTTL(ctx, k).Val() <= 0 {
+		t.Errorf("the held lease in its session's hash: %q (TTL %v), want %q", v, c.PTTL(ctx, k).Val(), recs[held.ID()])
+	}
+	ad, err := redisstore.NewAdmin(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := ad.Inspect(ctx, name, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(in.Waiters) != 1 || in.Waiters[0].ID != e.ID || len(in.Waiters[0].Domains) != 1 ||
+		in.Waiters[0].Domains[0] != a || in.Waiters[0].Class != budget.OpGet {
+		t.Fatalf("inspection of the converted waiter: %+v", in.Waiters)
+	}
+	again, err := budget.New(limits, budget.WithStore(mustStore(t, c, name, tc.opts...)))
+	if err != nil {
+		t.Fatalf("a host of this build with the same limits, after the conversion: %v", err)
+	}
+	again.Close()
+	held.Release()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("the waiter queued before the conversion: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter queued before the conversion was not granted")
+	}
+	expectIdle(t, b)
+}
+
+// domainV2 is d as layout 2 packed a domain's value (version 2: the queue
+// flag and open bodies as integers, thirteen doubles, then the counts), in
+// binary or, for a server without Lua's struct library, as text.
+func domainV2(d dompack.Domain, text bool) string {
+	qf := 0.0
+	if d.Waiters > 0 {
+		qf = 1
+	}
+	b2f := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	fs := []float64{2, qf, float64(d.Bodies), b2f(d.BucketInUse), d.Tokens, float64(d.TokensAt), b2f(d.Throttled),
+		float64(d.PauseEnd), float64(d.TTLEnd), d.FactorBefore, float64(d.DecreasedAt), d.StartBase, d.StartSum,
+		float64(d.LastStart), float64(d.FirstStart), float64(d.Epoch)}
+	for _, n := range d.InFlight {
+		fs = append(fs, float64(n))
+	}
+	if text {
+		out := []string{"t"}
+		for _, f := range fs {
+			out = append(out, strconv.FormatFloat(f, 'g', 17, 64))
+		}
+		return strings.Join(out, " ")
+	}
+	var buf []byte
+	for i, f := range fs {
+		if i <= 2 || i > 15 {
+			buf = binary.BigEndian.AppendUint64(buf, uint64(int64(f)))
+		} else {
+			buf = binary.BigEndian.AppendUint64(buf, math.Float64bits(f))
+		}
+	}
+	return string(buf)
 }
 
 // TestNewerLayoutRefused: a budget whose config says it is kept in a
@@ -354,11 +355,11 @@ func TestNewerLayoutRefused(t *testing.T) {
 			// A build that moves a budget to a newer layout writes ly with
 			// the limits' JSON changed in its bytes (lib.lua, LAYOUT).
 			json := c.HGet(ctx, cfg, "json").Val()
-			for _, ly := range []string{"3", "x"} {
+			for _, ly := range []string{"4", "x"} {
 				c.HSet(ctx, cfg, "ly", ly, "json", json+" ")
 				before := snapshot()
 				_, err := b.Acquire(ctx, get(dom("a")))
-				if !errors.Is(err, budget.ErrLimitsConflict) || !strings.Contains(err.Error(), "layout "+ly+" is newer than this build reads (2)") {
+				if !errors.Is(err, budget.ErrLimitsConflict) || !strings.Contains(err.Error(), "layout "+ly+" is newer than this build reads (3)") {
 					t.Fatalf("ly %s: Acquire error %v; want ErrLimitsConflict naming both layouts", ly, err)
 				}
 				if _, err := b.Usage(ctx); !errors.Is(err, budget.ErrLimitsConflict) {

@@ -6,14 +6,22 @@ import (
 	"time"
 )
 
-// Waiter renewals. A queued waiter's place in line lives a TTL past its
-// latest renewal (lib.lua, wexp). Its own acquire call renews it, but that
-// is a full admission attempt, and a waiter blocked by a ceiling has
-// nothing else to learn from it: with many lanes waiting, those calls were
-// most of what Redis did (BENCHMARKS.md, P9). So the store renews every
-// queued waiter of this process in a group with one renew call per TTL/3,
-// and the Budget, told so by Attempt.Renewed, calls for itself only on a
-// wake, a timed delay, or every three TTLs as a safety net.
+// Waiter renewals. A queued waiter's place in line lives as long as the
+// session its latest call named (lib.lua, Queues). Its own acquire calls
+// keep that session alive, but each is a full admission attempt, and a
+// waiter blocked by a ceiling has nothing else to learn from it: with many
+// lanes waiting, those calls were most of what Redis did (BENCHMARKS.md,
+// P9). So the store renews the sessions of this process's queued waiters
+// in a group with one renew call per TTL/3 (a process that holds leases
+// there renews the same session by its heartbeats too), and the Budget,
+// told so by Attempt.Renewed, calls for itself only on a wake, a timed
+// delay, or every three TTLs as a safety net.
+//
+// Since a place lives as long as its session, a waiter this process gives
+// up must be cancelled in Redis: a cancel that failed is sent again, by
+// the group's heartbeat or, in a group where this process holds no lease
+// (no heartbeat), by the renewals (flushDone); and a waiter whose Budget
+// stopped calling for it is cancelled once renewFor has passed.
 
 // maxRenew bounds the ids of one renew call (renew.lua refuses more).
 const maxRenew = 1000
@@ -21,8 +29,8 @@ const maxRenew = 1000
 // renewFor is how many TTLs after a waiter's latest call of its own the
 // store still renews its place. The Budget calls every three (budget's
 // renewedCall); a waiter nobody calls for any more (a bug, a caller that
-// stalled) then loses its place within six TTLs of its last call, instead
-// of holding up the line for ever.
+// stalled) is then cancelled within six TTLs of its last call, instead of
+// holding up the line for ever.
 const renewFor = 5
 
 // startRenewals starts the goroutine that renews this process's waiters,
@@ -76,10 +84,15 @@ type renewing struct {
 // failing loses its place after a TTL, as one whose own calls fail.
 func (s *Store) renewAll(ctx context.Context) {
 	byGroup := make(map[*group][]renewing)
+	var stale []string
 	s.mu.Lock()
 	now := s.now()
 	for id, w := range s.wakes {
-		if w.queued && !w.granted && now.Sub(w.called) < renewFor*s.ttl {
+		if w.queued && !w.granted {
+			if now.Sub(w.called) >= renewFor*s.ttl {
+				stale = append(stale, id)
+				continue
+			}
 			r := renewing{id: id, w: w}
 			if !w.delayed {
 				r.encs = w.encs
@@ -88,6 +101,13 @@ func (s *Store) renewAll(ctx context.Context) {
 		}
 	}
 	s.mu.Unlock()
+	for _, id := range stale {
+		if ctx.Err() != nil {
+			return
+		}
+		s.Cancel(ctx, id) // a failure is sent again (flushDone, heartbeats)
+	}
+	s.flushDone(ctx)
 	gs := make([]*group, 0, len(byGroup))
 	for g := range byGroup {
 		gs = append(gs, g)
@@ -141,9 +161,16 @@ func (s *Store) renew(ctx context.Context, g *group, ws []renewing) {
 	case err != nil:
 		return
 	case r.held:
-		// Quarantined: no place is renewed then (nor by acquire), so
-		// each waiter calls now, learns the wait, and is back when the
-		// quarantine ends, instead of at its next safety call.
+		// Quarantined: nobody moves then, so each waiter calls now,
+		// learns the wait, and is back when the quarantine ends, instead
+		// of at its next safety call. Their sessions were renewed.
+		s.mu.Lock()
+		for i, x := range ws {
+			if i < len(r.status) && r.status[i] == renewWaiting {
+				s.confirmLocked(g, x.w.sid, sent)
+			}
+		}
+		s.mu.Unlock()
 		for _, x := range ws {
 			nudge(x.w.wake)
 		}
@@ -155,11 +182,11 @@ func (s *Store) renew(ctx context.Context, g *group, ws []renewing) {
 			continue // granted and collected, or cancelled, meanwhile
 		}
 		if r.status[i] == renewWaiting {
-			// Redis's deadline is a TTL past this call's run: a
-			// handoff's grant may count from it (liveFrom).
+			// Its session lives a TTL past this call's run.
 			if sent.After(x.w.answered) {
 				x.w.answered = sent
 			}
+			s.confirmLocked(g, x.w.sid, sent)
 			continue
 		}
 		nudge(x.w.wake)
@@ -172,5 +199,69 @@ func nudge(c chan struct{}) {
 	select {
 	case c <- struct{}{}:
 	default:
+	}
+}
+
+// maxFlush bounds the cancels flushDone sends to one group per tick.
+const maxFlush = 100
+
+// flushDone sends again the cancels of groups where this process holds no
+// lease: no heartbeat goes there to carry them (Heartbeat, done), and a
+// waiter left queued would keep its place as long as its session lives.
+// A group's cancels go a TTL after flushDone first finds them (a cancel
+// that failed because Redis is away would fail again at once), and after
+// a failure four TTLs later: Redis is not dialled every tick while it is
+// down.
+func (s *Store) flushDone(ctx context.Context) {
+	type pending struct {
+		g  *group
+		ds []doneID
+	}
+	var todo []pending
+	s.mu.Lock()
+	holds := make(map[*group]bool)
+	for _, h := range s.leases {
+		holds[h.g] = true
+	}
+	now := s.now()
+	for _, g := range s.allGroupsLocked() {
+		if len(g.done) == 0 || holds[g] {
+			g.flushAt = time.Time{}
+			continue
+		}
+		if g.flushAt.IsZero() {
+			g.flushAt = now.Add(s.ttl)
+		}
+		if now.Before(g.flushAt) {
+			continue
+		}
+		p := pending{g: g}
+		for d := range g.done {
+			if len(p.ds) == maxFlush {
+				break
+			}
+			p.ds = append(p.ds, d)
+		}
+		todo = append(todo, p)
+	}
+	s.mu.Unlock()
+	for _, p := range todo {
+		for _, d := range p.ds {
+			if ctx.Err() != nil {
+				return
+			}
+			res, err := s.run(ctx, p.g, "cancel", s.sc.cancel, s.args(d.id, 1, d.sid)...)
+			if err == nil {
+				err = decodeOK("cancel", res)
+			}
+			s.mu.Lock()
+			if err != nil {
+				p.g.flushAt = s.now().Add(4 * s.ttl)
+				s.mu.Unlock()
+				break
+			}
+			delete(p.g.done, d)
+			s.mu.Unlock()
+		}
 	}
 }

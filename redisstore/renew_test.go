@@ -3,11 +3,13 @@ package redisstore
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/internal/recpack"
 	"github.com/runbudget/runbudget/internal/redistest"
 	"github.com/runbudget/runbudget/lease"
 )
@@ -90,8 +92,15 @@ func acquireBehind(t *testing.T, s *Store, h *scriptHook) <-chan error {
 // of s's group.
 func waitingInRedis(t *testing.T, s *Store, id string) bool {
 	t.Helper()
-	err := s.client.ZScore(context.Background(), s.single.prefix+"wexp", id).Err()
-	return err == nil
+	// Its marker, in one of the group's sessions (lib.lua, Queues).
+	ctx, p := context.Background(), s.single.prefix
+	ce := s.client.HGet(ctx, p+"cfg", "ce").Val()
+	for _, sid := range s.client.ZRange(ctx, p+"sexp", 0, -1).Val() {
+		if v, err := s.client.HGet(ctx, recpack.LeaseKey(p, ce, sid), id).Result(); err == nil && strings.HasPrefix(v, "W") {
+			return true
+		}
+	}
+	return false
 }
 
 // TestRenewKeepsQueuedWaiter: a waiter blocked by a ceiling for five TTLs
@@ -346,4 +355,41 @@ func waiterOf(t *testing.T, s *Store) string {
 		return id
 	}
 	return ""
+}
+
+// TestFlushDoneCancelsWithoutLeases: a cancel that failed is sent again by
+// the renewals in a group where the process holds no lease (no heartbeat
+// goes there), a TTL after they first find it, since a waiter left queued
+// would keep its place as long as its session lives.
+func TestFlushDoneCancelsWithoutLeases(t *testing.T) {
+	srv := redistest.Start(t)
+	_, held := renewHolder(t, srv, "flush-done")
+	defer held.Release()
+	s, _, _ := batchStore(t, srv, "flush-done", renewLimits(), WithLeaseTTL(renewTTL))
+	ctx := context.Background()
+	if att, err := s.TryAcquire(ctx, "w", renewReq(t)); err != nil || att.Outcome != budget.Queued {
+		t.Fatalf("TryAcquire: %+v %v", att, err)
+	}
+	// As a failed cancel leaves it: forgotten here, its id in done.
+	s.mu.Lock()
+	g := s.single
+	g.done[doneID{"w", s.wakes["w"].sid}] = struct{}{}
+	delete(s.wakes, "w")
+	s.mu.Unlock()
+	s.flushDone(ctx)
+	if !waitingInRedis(t, s, "w") {
+		t.Fatal("cancelled at first sight; want a TTL later")
+	}
+	s.mu.Lock()
+	g.flushAt = s.now().Add(-time.Millisecond)
+	s.mu.Unlock()
+	s.flushDone(ctx)
+	if waitingInRedis(t, s, "w") {
+		t.Fatal("the waiter is still queued after the flush")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(g.done) != 0 {
+		t.Errorf("done after the flush: %v", g.done)
+	}
 }

@@ -76,6 +76,7 @@ type acquireReply struct {
 	outcome budget.Outcome
 	age     time.Duration // Granted: how long before the call the grant was made
 	wait    time.Duration // Delayed: how long to sleep before trying again
+	left    time.Duration // Queued: how long at least its session lives from the call's run
 }
 
 // decodeAcquire decodes acquire.lua's reply. errNotRegistered means the
@@ -92,6 +93,10 @@ func decodeAcquire(res []string) (acquireReply, error) {
 		}
 	case c == replyQueued && n == 1:
 		return acquireReply{outcome: budget.Queued}, nil
+	case c == replyQueued && n == 2:
+		if left, ok := us(1, 0); ok {
+			return acquireReply{outcome: budget.Queued, left: left}, nil
+		}
 	case c == replyDelayed && n == 2:
 		if wait, ok := us(1, 1); ok {
 			return acquireReply{outcome: budget.Delayed, wait: wait}, nil
@@ -274,6 +279,9 @@ func decodeRenew(res []string, n int) (renewReply, error) {
 		return renewReply{status: res[1]}, nil
 	case c == replyDelayed && k == 2:
 		return renewReply{held: true}, nil
+	case c == replyDelayed && k == 3 && len(res[2]) == n:
+		// Quarantined: the sessions were renewed, nobody was tried.
+		return renewReply{held: true, status: res[2]}, nil
 	case c == replyUnregistered && k == 1:
 		return renewReply{}, errNotRegistered
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"github.com/runbudget/runbudget/budget"
+	"github.com/runbudget/runbudget/internal/recpack"
 	"github.com/runbudget/runbudget/internal/redistest"
 	"github.com/runbudget/runbudget/lease"
 )
@@ -298,7 +299,8 @@ func TestSlotGuardRefusesSplitCalls(t *testing.T) {
 	t.Run("control on the source", func(t *testing.T) {
 		// A release whose handoff grants a waiter of another process: on
 		// the migrating source the script stops at the waiter's session
-		// set, which does not exist yet, after the release's own writes.
+		// hash, which does not exist (dropped here, with the waiter's
+		// marker), after the release's own writes.
 		const name = "guard-src"
 		holder, waiter := rsStore(t, cl.Client(t), name, WithEvalOnly()), rsStore(t, cl.Client(t), name, WithEvalOnly())
 		k := rsKeyOn(t, cc, name, from.Addr())
@@ -308,6 +310,14 @@ func TestSlotGuardRefusesSplitCalls(t *testing.T) {
 		}
 		if a, err := waiter.TryAcquire(rsCtx(t, 5*time.Second), uuid.NewString(), rsReq(k)); err != nil || a.Outcome != budget.Queued {
 			t.Fatalf("waiter: %+v, %v", a, err)
+		}
+		waiter.mu.Lock()
+		wsid := waiter.groups[k].sid
+		waiter.mu.Unlock()
+		p := groupPrefix(name, true, k)
+		ce := cc.HGet(rsCtx(t, 5*time.Second), p+"cfg", "ce").Val()
+		if err := cc.Del(rsCtx(t, 5*time.Second), recpack.LeaseKey(p, ce, wsid)).Err(); err != nil {
+			t.Fatal(err)
 		}
 		slot := slotOf(rsCfg(name, k))
 		if _, err := cl.BeginSlotMove(rsCtx(t, 10*time.Second), slot, to); err != nil {

@@ -560,24 +560,23 @@ func TestHandoffAgeCountsFromTheWaitersCall(t *testing.T) {
 	}
 }
 
-// TestHandoffSessionExtension: a handoff extends the waiter's session to
-// the waiter's own liveness deadline (a TTL after its call), and the
-// waiter counts its lease from that call ("recent"); but a session that
-// ends less than a sixth of a TTL before that deadline is left as it is,
-// and the waiter, told how far short it ends, counts its lease to the
-// session's deadline ("near"). A session always left at its older deadline
-// gave the lease a looser lower bound on its grant, in the keeper and in
-// the fault suite's history check; one extended on every handoff was a
-// write on nearly every contended admission.
-func TestHandoffSessionExtension(t *testing.T) {
+// TestHandoffLeavesTheSession: a handoff grants into the waiter's
+// session as it is, without extending it (its process may have died since
+// its last call: a dead process's waiters must not keep its session, and
+// with it their leases, alive by being granted), and the waiter counts its
+// lease from the session's own last confirmed renewal, here the grant that
+// opened it. A join that finds less than two thirds of a TTL left extends
+// the session, as a grant does ("late"); one that finds more leaves it
+// ("early").
+func TestHandoffLeavesTheSession(t *testing.T) {
 	const ttl = 30 * time.Second
 	for _, tc := range []struct {
 		name   string
 		called time.Duration // when the waiter queues, after its session opened
-		extend bool
+		extend bool          // the join extends the session
 	}{
-		{"recent", ttl / 5, true}, // the session would end 6 s short
-		{"near", ttl / 10, false}, // 3 s short: less than a sixth of the TTL
+		{"early", ttl / 5, false},
+		{"late", ttl / 2, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -588,6 +587,10 @@ func TestHandoffSessionExtension(t *testing.T) {
 			clock.step(tc.called)
 			att := queueNow(t, waiter, "queued", get(dom("a")))
 			called := clock.Now()
+			wantDeadline, basis := opened.Add(ttl), opened
+			if tc.extend {
+				wantDeadline, basis = called.Add(ttl), called
+			}
 			clock.step(ttl / 10)
 			handOff(t, holder, "held", att)
 			p := "rb:{" + hex.EncodeToString([]byte(tc.name)) + "}:"
@@ -595,15 +598,8 @@ func TestHandoffSessionExtension(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// The lease counts from its basis: the waiter's call when the
-			// session reaches the waiter's deadline, else the session's
-			// own last renewal.
-			wantDeadline, basis := opened.Add(ttl), opened
-			if tc.extend {
-				wantDeadline, basis = called.Add(ttl), called
-			}
 			if got := time.UnixMicro(int64(d)); !got.Equal(wantDeadline) {
-				t.Errorf("session deadline after the handoff %v, want %v", got, wantDeadline)
+				t.Errorf("session deadline after the handoff %v, want %v", got.Sub(opened), wantDeadline.Sub(opened))
 			}
 			req, _ := get(dom("a")).Normalize()
 			got, err := waiter.TryAcquire(ctx, "queued", req)

@@ -14,12 +14,16 @@ import (
 
 // Version is the layout version, the value's first word (or, in the text
 // form, its second field).
-const Version = 2
+const Version = 3
 
 // Domain is one domain's state as stored. Times are microseconds since the
 // Unix epoch, as Redis TIME gives them.
 type Domain struct {
-	QueueMayHold bool
+	Waiters      int // live entries in its queue
+	Secondary    int // of Waiters, those of requests on several domains whose first this is not
+	QueueHead    int64
+	QueueLen     int64
+	QueueBase    int64
 	Bodies       int
 	BucketInUse  bool
 	Tokens       float64
@@ -38,8 +42,11 @@ type Domain struct {
 }
 
 // fixed is the number of fields between the version and the counts
-// (lib.lua's DFIX); the first two are integers, the rest doubles.
-const fixed = 15
+// (lib.lua's DFIX); the first ints are integers, the rest doubles.
+const (
+	fixed = 19
+	ints  = 6
+)
 
 // ErrLayout is returned for a value in no layout this package knows.
 var ErrLayout = errors.New("dompack: not a packed domain value")
@@ -69,7 +76,7 @@ func Decode(v string, nclass int) (Domain, error) {
 			return Domain{}, ErrLayout
 		}
 		for i := 1; i <= fixed+nclass; i++ {
-			if i <= 2 || i > fixed {
+			if i <= ints || i > fixed {
 				f = append(f, float64(int64(word(i))))
 			} else {
 				f = append(f, math.Float64frombits(word(i)))
@@ -79,10 +86,12 @@ func Decode(v string, nclass int) (Domain, error) {
 		return Domain{}, ErrLayout
 	}
 	d := Domain{
-		QueueMayHold: f[0] == 1, Bodies: int(f[1]), BucketInUse: f[2] == 1, Tokens: f[3], TokensAt: int64(f[4]),
-		Throttled: f[5] == 1, PauseEnd: int64(f[6]), TTLEnd: int64(f[7]),
-		FactorBefore: f[8], DecreasedAt: int64(f[9]), StartBase: f[10], StartSum: f[11],
-		LastStart: int64(f[12]), FirstStart: int64(f[13]), Epoch: int64(f[14]),
+		Waiters: int(f[0]), Bodies: int(f[1]), Secondary: int(f[2]),
+		QueueHead: int64(f[3]), QueueLen: int64(f[4]), QueueBase: int64(f[5]),
+		BucketInUse: f[6] == 1, Tokens: f[7], TokensAt: int64(f[8]),
+		Throttled: f[9] == 1, PauseEnd: int64(f[10]), TTLEnd: int64(f[11]),
+		FactorBefore: f[12], DecreasedAt: int64(f[13]), StartBase: f[14], StartSum: f[15],
+		LastStart: int64(f[16]), FirstStart: int64(f[17]), Epoch: int64(f[18]),
 	}
 	for _, x := range f[fixed:] {
 		d.InFlight = append(d.InFlight, int(x))

@@ -490,7 +490,7 @@ func overs(h History, byID map[string]*Waiter, lim budget.Limits, losses []Windo
 // Waiter A was in line before B if A's first answer came back before B's
 // first call went out. B passed A if B was told of its grant before the
 // earliest moment A could have been granted: the last call A was answered
-// "wait" on, or the start of its grant's interval.
+// "wait" on, or the start of its grant's interval (AgedFrom when later).
 func inversions(h History, losses []Window) []Inversion {
 	type entry struct {
 		w      *Waiter
@@ -503,7 +503,7 @@ func inversions(h History, losses []Window) []Inversion {
 		e := entry{w: w, lower: w.Pending, waitTo: Open}
 		switch {
 		case w.Granted():
-			e.lower, e.waitTo = w.GrantFrom, w.GrantTo
+			e.lower, e.waitTo = max(w.GrantFrom, w.AgedFrom), w.GrantTo
 		case w.Left != 0:
 			e.waitTo = w.Left
 		}
