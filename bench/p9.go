@@ -15,8 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/runbudget/runbudget/budget"
-	"github.com/runbudget/runbudget/internal/recpack"
 	"github.com/runbudget/runbudget/internal/childproc"
+	"github.com/runbudget/runbudget/internal/recpack"
 )
 
 // P9 (issue 13): a copy job of many hosts, simulated. 1,000 hosts, each a
