@@ -31,6 +31,17 @@ type windowResult struct {
 	depth   float64       // median number of waiters seen during the window
 	busy    float64       // median number of leases held (slots in use)
 	cpu     float64       // redis-server's CPU time over the window, % of one core
+	crewCPU float64       // the crew's own CPU time over the window, all its processes, % of one core
+}
+
+// crewPer is the crew's CPU time per admission (or no-op call), in µs.
+func (w windowResult) crewPer() float64 {
+	return w.crewCPU / 100 * w.elapsed.Seconds() * 1e6 / float64(w.done)
+}
+
+// redisPer is redis-server's CPU time per admission (or no-op call), in µs.
+func (w windowResult) redisPer() float64 {
+	return w.cpu / 100 * w.elapsed.Seconds() * 1e6 / float64(w.done)
 }
 
 func (w windowResult) rate() float64 { return float64(w.done) / w.elapsed.Seconds() }
@@ -151,6 +162,11 @@ func (e *env) window(ctx context.Context, c crew, total int, prefix string, want
 	}
 	res.depth, res.busy = median(depths), median(busy)
 	res.cpu = 100 * (cpu1 - cpu0) / res.elapsed.Seconds()
+	var crew int64
+	for i := range m1 {
+		crew += m1[i].CPU - m0[i].CPU
+	}
+	res.crewCPU = 100 * float64(crew) / float64(res.elapsed.Nanoseconds())
 	if res.done == 0 {
 		return res, fmt.Errorf("nothing was admitted in %v", res.elapsed)
 	}
@@ -208,6 +224,13 @@ func p3p4(ctx context.Context, e *env) error {
 	// cycle (grant, wake, release, next grant), as it makes redis_rate's
 	// 64 goroutines 64 over their round trip: P3r is 0.125 x (that round
 	// trip / this cycle), whatever bounds either.
+	// Where the machine's CPU goes, per admission and per no-op call: on
+	// a 2-core machine the lanes' processes and Redis share the cores, so
+	// what either side spends per operation bounds the other's rate.
+	fNoopCrew := e.figure(sectionFloors, "floor.evalsha.4x16.crew_us", "no-op EVALSHA, 64 lanes over 4 processes: the lanes' own CPU per call", "µs", false)
+	fNoopRedis := e.figure(sectionFloors, "floor.evalsha.4x16.redis_us", "no-op EVALSHA, 64 lanes over 4 processes: redis-server CPU per call", "µs", false)
+	fCrew := e.figure(s, "p3.crew_us", "the lanes' own CPU per admission (4 processes)", "µs", false)
+	fRedisPer := e.figure(s, "p3.redis_us", "redis-server CPU per admission", "µs", false)
 	fCycle := e.figure(s, "p3.cycle", "a slot's cycle, grant to next grant (slots in use / admissions per second)", "µs", false)
 	err = e.rounds(ctx,
 		func(ctx context.Context) error {
@@ -217,6 +240,8 @@ func p3p4(ctx context.Context, e *env) error {
 			}
 			fNoop.add(Round{V: w.rate(), N: int(w.done)})
 			fNoopCPU.add(Round{V: w.cpu})
+			fNoopCrew.add(Round{V: w.crewPer()})
+			fNoopRedis.add(Round{V: w.redisPer()})
 			return nil
 		},
 		func(ctx context.Context) error {
@@ -228,6 +253,8 @@ func p3p4(ctx context.Context, e *env) error {
 			fDepth.add(Round{V: w.depth})
 			fScriptTime.add(Round{V: w.scriptBusy()})
 			fCPU.add(Round{V: w.cpu})
+			fCrew.add(Round{V: w.crewPer()})
+			fRedisPer.add(Round{V: w.redisPer()})
 			fRate.add(Round{V: w.rate(), N: int(w.done)})
 			if r := w.rate(); r > 0 {
 				fCycle.add(Round{V: 1e6 * w.busy / r})

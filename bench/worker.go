@@ -256,7 +256,7 @@ func (w *child) lanes(ctx context.Context, c *redis.Client) error {
 	status := func() msg {
 		mu.Lock()
 		defer mu.Unlock()
-		m := msg{N: n.Load(), Ops: ops.n.Load()}
+		m := msg{N: n.Load(), Ops: ops.n.Load(), CPU: ownCPU()}
 		if firstErr != nil {
 			m.Err = firstErr.Error()
 		}
