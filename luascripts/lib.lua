@@ -1872,6 +1872,19 @@ local function try_grant(e, now)
   -- can survive a restart from AOF); the waiter learns how long from its
   -- own call, which the quarantine delays.
   if now < lim.qu then return 'wait' end
+  -- The usual try after a handoff: the next head, on one domain this
+  -- call has loaded and saved, behind the waiter that just took the last
+  -- slot of its class. decide would say 'blocked', and with no rate to
+  -- refill and no throttle to settle, its check would change nothing
+  -- (memStore.check's only writes) and nothing would be saved, so it is
+  -- said without building the request.
+  if e.ds == '' and lim.rps == 0 then
+    local d = DC[e.enc]
+    local cap = lim.caps[e.c + 1]
+    if d and cap > 0 and d.f[e.c + 1] >= cap and d.th ~= 1 and not d.dirty and not d.rf and HEADS[d.q] == e then
+      return 'blocked'
+    end
+  end
   local encs = split_encs(e.ds ~= '' and e.ds or e.enc)
   -- One request and one domain list serve every try of the call: nothing
   -- keeps them past decide (see DPOOL for why tables are reused), and
