@@ -220,10 +220,6 @@ func p3p4(ctx context.Context, e *env) error {
 	fDepth := e.figure(s, "p3.depth", "waiters in line (sampled)", "waiters", false)
 	fScriptTime := e.figure(s, "p3.scripttime", "Redis time in scripts (commandstats usec)", "%", false)
 	fCPU := e.figure(s, "p3.cpu", "redis-server CPU (INFO cpu)", "%", false)
-	// With every slot held, Little's law makes the rate slots over a slot's
-	// cycle (grant, wake, release, next grant), as it makes redis_rate's
-	// 64 goroutines 64 over their round trip: P3r is 0.125 x (that round
-	// trip / this cycle), whatever bounds either.
 	// Where the machine's CPU goes, per admission and per no-op call: on
 	// a 2-core machine the lanes' processes and Redis share the cores, so
 	// what either side spends per operation bounds the other's rate.
@@ -231,6 +227,10 @@ func p3p4(ctx context.Context, e *env) error {
 	fNoopRedis := e.figure(sectionFloors, "floor.evalsha.4x16.redis_us", "no-op EVALSHA, 64 lanes over 4 processes: redis-server CPU per call", "µs", false)
 	fCrew := e.figure(s, "p3.crew_us", "the lanes' own CPU per admission (4 processes)", "µs", false)
 	fRedisPer := e.figure(s, "p3.redis_us", "redis-server CPU per admission", "µs", false)
+	// With every slot held, Little's law makes the rate slots over a slot's
+	// cycle (grant, wake, release, next grant), as it makes redis_rate's
+	// 64 goroutines 64 over their round trip: P3r is 0.125 x (that round
+	// trip / this cycle), whatever bounds either.
 	fCycle := e.figure(s, "p3.cycle", "a slot's cycle, grant to next grant (slots in use / admissions per second)", "µs", false)
 	err = e.rounds(ctx,
 		func(ctx context.Context) error {
