@@ -225,6 +225,10 @@ func p3p4(ctx context.Context, e *env) error {
 	// what either side spends per operation bounds the other's rate.
 	fNoopCrew := e.figure(sectionFloors, "floor.evalsha.4x16.crew_us", "no-op EVALSHA, 64 lanes over 4 processes: the lanes' own CPU per call", "µs", false)
 	fNoopRedis := e.figure(sectionFloors, "floor.evalsha.4x16.redis_us", "no-op EVALSHA, 64 lanes over 4 processes: redis-server CPU per call", "µs", false)
+	// The same split for P3r's peer. Its client is this process, idle but
+	// for the peer while it runs.
+	fPeerOwn := e.figure(sectionFloors, "peer.redis_rate.g64.p3.client_us", "redis_rate Allow, 64 goroutines, beside P3: the client process's CPU per call", "µs", false)
+	fPeerRedis := e.figure(sectionFloors, "peer.redis_rate.g64.p3.redis_us", "redis_rate Allow, 64 goroutines, beside P3: redis-server CPU per call", "µs", false)
 	fCrew := e.figure(s, "p3.crew_us", "the lanes' own CPU per admission (4 processes)", "µs", false)
 	fRedisPer := e.figure(s, "p3.redis_us", "redis-server CPU per admission", "µs", false)
 	// With every slot held, Little's law makes the rate slots over a slot's
@@ -263,7 +267,26 @@ func p3p4(ctx context.Context, e *env) error {
 			fOps.add(Round{V: w.opsPer()})
 			return nil
 		},
-		into(fPeer, func(ctx context.Context) (Round, error) { return measure(ctx, 64, e.sz.rcCalls64, allow) }),
+		func(ctx context.Context) error {
+			cpu0, err := redisCPU(ctx, e.admin)
+			if err != nil {
+				return err
+			}
+			own0 := ownCPU()
+			r, err := measure(ctx, 64, e.sz.rcCalls64, allow)
+			if err != nil {
+				return err
+			}
+			own1 := ownCPU()
+			cpu1, err := redisCPU(ctx, e.admin)
+			if err != nil {
+				return err
+			}
+			fPeer.add(r)
+			fPeerOwn.add(Round{V: float64(own1-own0) / 1e3 / float64(r.N)})
+			fPeerRedis.add(Round{V: (cpu1 - cpu0) * 1e6 / float64(r.N)})
+			return nil
+		},
 	)
 	if err != nil {
 		return err
