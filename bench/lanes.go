@@ -32,7 +32,13 @@ type windowResult struct {
 	busy    float64       // median number of leases held (slots in use)
 	cpu     float64       // redis-server's CPU time over the window, % of one core
 	crewCPU float64       // the crew's own CPU time over the window, all its processes, % of one core
+	waits   int64         // the crew's voluntary context switches over the window, all its processes
 }
+
+// waitsPer is the crew's voluntary context switches per admission (or
+// no-op call): how often a thread of a lane process went to sleep, each
+// one a wake-up that some event paid for.
+func (w windowResult) waitsPer() float64 { return float64(w.waits) / float64(w.done) }
 
 // crewPer is the crew's CPU time per admission (or no-op call), in µs.
 func (w windowResult) crewPer() float64 {
@@ -165,6 +171,7 @@ func (e *env) window(ctx context.Context, c crew, total int, prefix string, want
 	var crew int64
 	for i := range m1 {
 		crew += m1[i].CPU - m0[i].CPU
+		res.waits += m1[i].Waits - m0[i].Waits
 	}
 	res.crewCPU = 100 * float64(crew) / float64(res.elapsed.Nanoseconds())
 	if res.done == 0 {
@@ -177,7 +184,10 @@ func (e *env) window(ctx context.Context, c crew, total int, prefix string, want
 // The floor for P3 is the same 64 lanes over 4 processes running a no-op
 // script as fast as they can.
 func p3p4(ctx context.Context, e *env) error {
-	noop, err := startCrew(ctx, hosts, "noop", workerSpec{Role: "lanes", Redis: e.url, Noop: true})
+	if p := e.cfg.workerProcs; p > 0 {
+		e.note("P3, P4: the lanes' worker processes ran with GOMAXPROCS=%d (-workerprocs), not Go's default", p)
+	}
+	noop, err := startCrew(ctx, hosts, "noop", workerSpec{Role: "lanes", Redis: e.url, Noop: true, Procs: e.cfg.workerProcs})
 	if err != nil {
 		return err
 	}
@@ -185,7 +195,7 @@ func p3p4(ctx context.Context, e *env) error {
 	name := e.name("p3")
 	lim := budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: slots}}
 	lanes, err := startCrew(ctx, hosts, "host", workerSpec{Role: "lanes", Redis: e.url, Budget: name, Limits: lim,
-		Domain: "a", LeaseTTL: 15 * time.Second, Profile: e.cfg.workerProf})
+		Domain: "a", LeaseTTL: 15 * time.Second, Profile: e.cfg.workerProf, Procs: e.cfg.workerProcs})
 	if err != nil {
 		return err
 	}
@@ -229,6 +239,12 @@ func p3p4(ctx context.Context, e *env) error {
 	// for the peer while it runs.
 	fPeerOwn := e.figure(sectionFloors, "peer.redis_rate.g64.p3.client_us", "redis_rate Allow, 64 goroutines, beside P3: the client process's CPU per call", "µs", false)
 	fPeerRedis := e.figure(sectionFloors, "peer.redis_rate.g64.p3.redis_us", "redis_rate Allow, 64 goroutines, beside P3: redis-server CPU per call", "µs", false)
+	fPeerWaits := e.figure(sectionFloors, "peer.redis_rate.g64.p3.waits", "redis_rate Allow, 64 goroutines, beside P3: the client process's threads put to sleep per call", "waits", false)
+	// How often the lanes' threads went to sleep (futex, epoll_wait): each
+	// is a wake-up some later event pays for, a cost the CPU profile
+	// spreads over the scheduler and system calls.
+	fNoopWaits := e.figure(sectionFloors, "floor.evalsha.4x16.waits", "no-op EVALSHA, 64 lanes over 4 processes: the lanes' threads put to sleep per call", "waits", false)
+	fWaits := e.figure(s, "p3.waits", "the lanes' threads put to sleep per admission (4 processes)", "waits", false)
 	fCrew := e.figure(s, "p3.crew_us", "the lanes' own CPU per admission (4 processes)", "µs", false)
 	fRedisPer := e.figure(s, "p3.redis_us", "redis-server CPU per admission", "µs", false)
 	// With every slot held, Little's law makes the rate slots over a slot's
@@ -246,6 +262,7 @@ func p3p4(ctx context.Context, e *env) error {
 			fNoopCPU.add(Round{V: w.cpu})
 			fNoopCrew.add(Round{V: w.crewPer()})
 			fNoopRedis.add(Round{V: w.redisPer()})
+			fNoopWaits.add(Round{V: w.waitsPer()})
 			return nil
 		},
 		func(ctx context.Context) error {
@@ -259,6 +276,7 @@ func p3p4(ctx context.Context, e *env) error {
 			fCPU.add(Round{V: w.cpu})
 			fCrew.add(Round{V: w.crewPer()})
 			fRedisPer.add(Round{V: w.redisPer()})
+			fWaits.add(Round{V: w.waitsPer()})
 			fRate.add(Round{V: w.rate(), N: int(w.done)})
 			if r := w.rate(); r > 0 {
 				fCycle.add(Round{V: 1e6 * w.busy / r})
@@ -272,12 +290,12 @@ func p3p4(ctx context.Context, e *env) error {
 			if err != nil {
 				return err
 			}
-			own0 := ownCPU()
+			own0, waits0 := ownCPU()
 			r, err := measure(ctx, 64, e.sz.rcCalls64, allow)
 			if err != nil {
 				return err
 			}
-			own1 := ownCPU()
+			own1, waits1 := ownCPU()
 			cpu1, err := redisCPU(ctx, e.admin)
 			if err != nil {
 				return err
@@ -285,6 +303,7 @@ func p3p4(ctx context.Context, e *env) error {
 			fPeer.add(r)
 			fPeerOwn.add(Round{V: float64(own1-own0) / 1e3 / float64(r.N)})
 			fPeerRedis.add(Round{V: (cpu1 - cpu0) * 1e6 / float64(r.N)})
+			fPeerWaits.add(Round{V: float64(waits1-waits0) / float64(r.N)})
 			return nil
 		},
 	)

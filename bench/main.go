@@ -46,6 +46,7 @@ type config struct {
 	only        string
 	cpuProfile  string
 	workerProf  string // directory for the CPU profiles of P3's budget lanes
+	workerProcs int    // GOMAXPROCS of P3's and P4's worker processes; 0 leaves Go's default
 	progress    io.Writer
 }
 
@@ -62,8 +63,13 @@ func main() {
 	flag.StringVar(&cfg.only, "only", "", "comma-separated `sections` to run (floors,P1,P2,P3,P4,P5,P6,P7,P8,scripts,scale; P9 only when named); default all but P9")
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of P7's uncontended in-process loop to `file`")
 	flag.StringVar(&cfg.workerProf, "workerprofile", "", "write a CPU profile of each budget-lane worker of P3 and P4 into `dir` (<host>.pprof)")
+	flag.IntVar(&cfg.workerProcs, "workerprocs", 0, "GOMAXPROCS of P3's and P4's worker processes, no-op and budget lanes alike (default: Go's, the machine's CPUs); an experiment, not a target's setting")
 	flag.Parse()
 	cfg.progress = os.Stderr
+	if cfg.workerProcs < 0 {
+		fmt.Fprintln(os.Stderr, "bench: -workerprocs must be 0 (Go's default) or more")
+		os.Exit(2)
+	}
 	if cfg.workerProf != "" {
 		// The workers write there; an absolute path survives their own
 		// working directory, and a missing one is made or refused here.

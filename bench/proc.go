@@ -60,6 +60,7 @@ type msg struct {
 	N     int64   `json:"n,omitempty"`     // admissions (or calls) so far
 	Ops   int64   `json:"ops,omitempty"`   // script operations sent so far (budget lanes)
 	CPU   int64   `json:"cpu,omitempty"`   // the worker's own CPU time so far, user and system, ns
+	Waits int64   `json:"waits,omitempty"` // the worker's voluntary context switches so far (ownCPU)
 	Times []int64 `json:"times,omitempty"` // when each kept lease was granted, as the lane saw it, Unix ns
 	Err   string  `json:"err,omitempty"`
 	// The scale section's Cluster workers: which budget a "go" runs on,

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -46,6 +47,7 @@ type workerSpec struct {
 	Cluster  []string      `json:"cluster,omitempty"` // node addresses (role "shards")
 	Shards   []shardBudget `json:"shards,omitempty"`
 	Profile  string        `json:"profile,omitempty"` // a directory: write a CPU profile there, <Host>.pprof
+	Procs    int           `json:"procs,omitempty"`   // GOMAXPROCS, when set
 }
 
 func isWorker() bool { return os.Getenv(envWorker) != "" }
@@ -57,6 +59,9 @@ func workerMain() int {
 	if err := json.Unmarshal([]byte(os.Getenv(envWorker)), &spec); err != nil {
 		fmt.Fprintln(os.Stderr, "worker: bad spec:", err)
 		return 2
+	}
+	if spec.Procs > 0 {
+		runtime.GOMAXPROCS(spec.Procs)
 	}
 	if spec.Profile != "" {
 		f, err := os.Create(filepath.Join(spec.Profile, spec.Host+".pprof"))
@@ -256,7 +261,8 @@ func (w *child) lanes(ctx context.Context, c *redis.Client) error {
 	status := func() msg {
 		mu.Lock()
 		defer mu.Unlock()
-		m := msg{N: n.Load(), Ops: ops.n.Load(), CPU: ownCPU()}
+		m := msg{N: n.Load(), Ops: ops.n.Load()}
+		m.CPU, m.Waits = ownCPU()
 		if firstErr != nil {
 			m.Err = firstErr.Error()
 		}
