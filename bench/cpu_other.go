@@ -3,4 +3,4 @@
 package main
 
 // ownCPU is not measured here: zeros make the worker CPU figures read 0.
-func ownCPU() (cpu, sleeps int64) { return 0, 0 }
+func ownCPU() (cpu, waits int64) { return 0, 0 }

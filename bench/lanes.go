@@ -31,7 +31,7 @@ type windowResult struct {
 	depth   float64       // median number of waiters seen during the window
 	busy    float64       // median number of leases held (slots in use)
 	cpu     float64       // redis-server's CPU time over the window, % of one core
-	crewCPU float64       // the crew's own CPU time over the window, all its processes, % of one core
+	crewCPU time.Duration // the crew's own CPU time over the window, all its processes
 	waits   int64         // the crew's voluntary context switches over the window, all its processes
 }
 
@@ -42,7 +42,7 @@ func (w windowResult) waitsPer() float64 { return float64(w.waits) / float64(w.d
 
 // crewPer is the crew's CPU time per admission (or no-op call), in µs.
 func (w windowResult) crewPer() float64 {
-	return w.crewCPU / 100 * w.elapsed.Seconds() * 1e6 / float64(w.done)
+	return float64(w.crewCPU.Microseconds()) / float64(w.done)
 }
 
 // redisPer is redis-server's CPU time per admission (or no-op call), in µs.
@@ -168,12 +168,10 @@ func (e *env) window(ctx context.Context, c crew, total int, prefix string, want
 	}
 	res.depth, res.busy = median(depths), median(busy)
 	res.cpu = 100 * (cpu1 - cpu0) / res.elapsed.Seconds()
-	var crew int64
 	for i := range m1 {
-		crew += m1[i].CPU - m0[i].CPU
+		res.crewCPU += time.Duration(m1[i].CPU - m0[i].CPU)
 		res.waits += m1[i].Waits - m0[i].Waits
 	}
-	res.crewCPU = 100 * float64(crew) / float64(res.elapsed.Nanoseconds())
 	if res.done == 0 {
 		return res, fmt.Errorf("nothing was admitted in %v", res.elapsed)
 	}
