@@ -133,6 +133,7 @@ func (w *child) shards(ctx context.Context) error {
 	calls := newScriptCounter()
 	cc.AddHook(calls)
 	type config struct {
+		s    *redisstore.Store
 		b    *budget.Budget
 		reqs []budget.Request
 		per  int // domains per group
@@ -156,7 +157,7 @@ func (w *child) shards(ctx context.Context) error {
 			s.Close()
 			return err
 		}
-		cfgs = append(cfgs, config{b: b, reqs: sb.requests(w.spec.Host), per: sb.Domains / sb.Groups})
+		cfgs = append(cfgs, config{s: s, b: b, reqs: sb.requests(w.spec.Host), per: sb.Domains / sb.Groups})
 	}
 	w.reply(msg{Ready: true})
 
@@ -244,7 +245,17 @@ func (w *child) shards(ctx context.Context) error {
 			w.reply(msg{})
 		case "pause":
 			if !paused {
-				lanes.Lock()      // every lane between two admissions
+				lanes.Lock() // every lane between two admissions
+				// A released lease's retirement may still wait for the next
+				// call of its group (redisstore.Store.Flush); it must be out
+				// before the gate closes, or a waiter of another process
+				// it would wake waits for the resume.
+				for _, c := range cfgs {
+					if err := c.s.Flush(ctx); err != nil {
+						lanes.Unlock()
+						return err
+					}
+				}
 				calls.gate.Lock() // and no script call of anyone in flight
 				paused = true
 			}

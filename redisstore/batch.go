@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/runbudget/runbudget/lease"
 	"github.com/runbudget/runbudget/luascripts"
 )
 
@@ -42,6 +43,17 @@ import (
 // a caller that left while its operation was in that call (its cleanup,
 // a cancel). The call may reach Redis later still, and a waiter's cancel
 // must run after its last acquire; so those wait for it (orphans).
+//
+// A final retirement (Store.Retire of all a lease still holds) that finds
+// a call of its group in flight need not wait for anything: it queues
+// detached, with a context of its own, and Retire returns at once. Its
+// reply goes to a callback instead of a caller; when a detached operation
+// is the only one queued, a goroutine is started to lead its batch
+// (Store.detachedLeads), else a waiting caller leads it with its own. The
+// point is the lane that releases and at once asks again: its next
+// attempt rides in the same batch as its retirement, so a release costs
+// that lane no round trip of its own. Store.Flush waits for the detached
+// operations queued so far; Usage and Close flush first.
 //
 // Only the function library batches: by EVALSHA (miniredis, older
 // servers) every call goes alone.
@@ -90,6 +102,13 @@ type batchOp struct {
 	args  []any
 	ready chan struct{} // signalled when it is told to lead, and when its reply is in
 
+	// A detached operation has no caller waiting: its reply goes to then,
+	// after which cancel ends its context and answered is closed.
+	detached bool
+	then     func(res []string, err error)
+	cancel   context.CancelFunc
+	answered chan struct{}
+
 	// Guarded by committer.mu.
 	state  opState
 	orphan bool // its caller left while it was in flight
@@ -110,6 +129,12 @@ type committer struct {
 	// orphans counts, by id, the operations in flight whose callers left:
 	// nothing else for those ids is sent until their calls are back.
 	orphans map[string]int
+	// unanswered holds the detached operations whose callbacks have not
+	// run yet (see settle).
+	unanswered map[*batchOp]struct{}
+	// spawn starts a goroutine to lead a batch for o, a detached operation
+	// told to lead (set by Store.newGroup).
+	spawn func(o *batchOp)
 }
 
 // free reports whether o may be sent now: no call in flight carries an
@@ -124,24 +149,50 @@ func signal(o *batchOp) {
 }
 
 // next ends one caller's lead: it hands the lead to the first caller
-// queued, unless one already has it. c.mu is held.
+// queued, unless one already has it. A caller waiting is preferred to a
+// detached operation, which needs a goroutine started to lead. c.mu is
+// held.
 func (c *committer) next() {
 	c.active--
-	var first *batchOp
+	var first, detached *batchOp
 	for _, o := range c.queue {
 		if o.state == opLeading {
 			return // on its way: it takes the rest
 		}
-		if first == nil && o.state == opQueued && c.free(o) {
-			first = o
+		if o.state != opQueued || !c.free(o) {
+			continue
 		}
+		switch {
+		case !o.detached && first == nil:
+			first = o
+		case o.detached && detached == nil:
+			detached = o
+		}
+	}
+	if first == nil {
+		first = detached
 	}
 	if first != nil {
 		first.state = opLeading
 		c.active++
 		c.since = time.Now()
-		signal(first)
+		if first.detached {
+			c.spawn(first)
+		} else {
+			signal(first)
+		}
 	}
+}
+
+// pending appends to waits a channel for each detached operation not
+// answered yet, closed when it is (see Store.Flush).
+func (c *committer) pending(waits []chan struct{}) []chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for o := range c.unanswered {
+		waits = append(waits, o.answered)
+	}
+	return waits
 }
 
 // remove takes o out of the queue. c.mu is held.
@@ -231,19 +282,50 @@ func (s *Store) call(ctx context.Context, g *group, name string, sc *redis.Scrip
 	}
 }
 
+// detach queues a detached operation of script name for group g, whose
+// reply goes to then, and reports whether it did. It does not when the
+// operation would be sent alone at once (no call in flight), when the call
+// in flight looks stuck, when a call for its id is still out for a caller
+// that left, or when the store is closing: then the caller makes the call
+// itself.
+func (s *Store) detach(g *group, name string, sc *redis.Script, then func([]string, error), args ...any) bool {
+	if s.lib == nil || !batched[name] {
+		return false
+	}
+	id, _ := args[3].(string)
+	c := &g.commit
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.active == 0 || time.Since(c.since) > s.stuck || c.orphans[id] > 0 || s.closing.Load() {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), lease.RetireTimeout)
+	o := &batchOp{ctx: ctx, name: name, id: id, sc: sc, args: args, detached: true,
+		then: then, cancel: cancel, answered: make(chan struct{})}
+	c.queue = append(c.queue, o)
+	if c.unanswered == nil {
+		c.unanswered = make(map[*batchOp]struct{})
+	}
+	c.unanswered[o] = struct{}{}
+	return true
+}
+
 // lead sends a batch of self and the callers queued (not those told to
-// lead, which send their own), hands every reply to its caller, and ends
-// self's lead.
+// lead, which send their own), in the order they came, hands every reply
+// to its caller, and ends self's lead.
 func (s *Store) lead(ctx context.Context, g *group, self *batchOp) {
 	c := &g.commit
 	c.mu.Lock()
-	batch := []*batchOp{self}
+	batch := make([]*batchOp, 0, min(len(c.queue), maxBatch))
 	rest := c.queue[:0]
+	others := 0
 	for _, o := range c.queue {
 		switch {
 		case o == self:
-		case o.state == opQueued && len(batch) < maxBatch && c.free(o):
 			batch = append(batch, o)
+		case o.state == opQueued && others < maxBatch-1 && c.free(o):
+			batch = append(batch, o)
+			others++
 		default:
 			rest = append(rest, o)
 		}
@@ -257,8 +339,7 @@ func (s *Store) lead(ctx context.Context, g *group, self *batchOp) {
 	c.mu.Unlock()
 	replies := s.send(ctx, g, batch, self)
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	var again []*batchOp
+	var again, answered []*batchOp
 	for i, o := range batch {
 		if o.orphan {
 			if c.orphans[o.id]--; c.orphans[o.id] == 0 {
@@ -277,7 +358,10 @@ func (s *Store) lead(ctx context.Context, g *group, self *batchOp) {
 			continue
 		}
 		o.res, o.err, o.state = r.res, r.err, opDone
-		if o != self {
+		switch {
+		case o.detached:
+			answered = append(answered, o)
+		case o != self:
 			signal(o)
 		}
 	}
@@ -285,6 +369,17 @@ func (s *Store) lead(ctx context.Context, g *group, self *batchOp) {
 		c.queue = append(again, c.queue...)
 	}
 	c.next()
+	c.mu.Unlock()
+	// Callbacks run unlocked (they take Store.mu); an operation counts as
+	// answered once its callback is done.
+	for _, o := range answered {
+		o.then(o.res, o.err)
+		o.cancel()
+		c.mu.Lock()
+		delete(c.unanswered, o)
+		c.mu.Unlock()
+		close(o.answered)
+	}
 }
 
 // opReply is what one operation of a batch got back. again says the call

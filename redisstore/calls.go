@@ -455,12 +455,17 @@ func (s *Store) Retire(ctx context.Context, id string, parts lease.Parts) error 
 	// where nothing is found if it is gone.
 	s.mu.Lock()
 	sid := g.sid
+	final := false
 	if h := s.leases[id]; h != nil && h.g == g {
 		sid = h.sid
+		final = h.held&^parts == 0
 	}
 	s.mu.Unlock()
 	if sid == "" {
 		return nil // no session yet: nothing was granted
+	}
+	if final && s.retireDetached(g, id, parts, sid) {
+		return nil
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		// Leases retire with a background context: bound the call here.
@@ -483,6 +488,32 @@ func (s *Store) Retire(ctx context.Context, id string, parts lease.Parts) error 
 	}
 	s.mu.Unlock()
 	return nil
+}
+
+// retireDetached queues the final retirement of lease id, in session sid,
+// into the next call to g, when a call to g is in flight, and reports
+// whether it did (see Flush). The lease is forgotten at once, as after a
+// retirement confirmed; if Redis then refuses the call, the lease joins
+// what the group's next heartbeat retires (or, with no heartbeat going
+// there, what the renewals cancel a TTL later).
+func (s *Store) retireDetached(g *group, id string, parts lease.Parts, sid string) bool {
+	then := func(res []string, err error) {
+		if err == nil {
+			err = decodeOK("retire", res)
+		}
+		if err != nil {
+			s.mu.Lock()
+			g.done[doneID{id, sid}] = struct{}{}
+			s.mu.Unlock()
+		}
+	}
+	if !s.detach(g, "retire", s.sc.retire, then, s.args(id, int(parts), sid)...) {
+		return false
+	}
+	s.mu.Lock()
+	delete(s.leases, id)
+	s.mu.Unlock()
+	return true
 }
 
 // Heartbeat implements budget.Store: one script call per group renews this
@@ -724,9 +755,13 @@ func (s *Store) Throttle(ctx context.Context, d budget.Domain, retryAfter time.D
 // Usage implements budget.Store: one call per group (side by side), merged.
 // Each group's part is a consistent snapshot; the groups are independent,
 // so together they are as consistent as a view of independent budgets can
-// be. MemoryHeld is always 0: Redis holds no memory, and the Budget
+// be. It flushes first, so every lease this store released is out of the
+// snapshot. MemoryHeld is always 0: Redis holds no memory, and the Budget
 // reports its own.
 func (s *Store) Usage(ctx context.Context) (budget.Usage, error) {
+	if err := s.Flush(ctx); err != nil {
+		return budget.Usage{}, err
+	}
 	gs, err := s.knownGroups(ctx)
 	if err != nil {
 		return budget.Usage{}, err

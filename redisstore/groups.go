@@ -214,9 +214,13 @@ func (s *Store) newGroup(key string) *group {
 	if _, cluster := s.client.(*redis.ClusterClient); cluster {
 		keys = append(keys, p+slotGuard)
 	}
-	return &group{key: key, prefix: p, keys: keys, channel: p + "wake:" + s.proc, slot: slotOf(p),
+	g := &group{key: key, prefix: p, keys: keys, channel: p + "wake:" + s.proc, slot: slotOf(p),
 		ready: make(chan struct{}), sid: sessionID(s.proc, 0),
 		domsRenewed: make(map[string]time.Time), done: make(map[doneID]struct{})}
+	g.commit.spawn = func(o *batchOp) {
+		s.detachedLeads.Go(func() { s.lead(o.ctx, g, o) })
+	}
+	return g
 }
 
 // allGroupsLocked returns every group this process uses (Store.mu held).

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -90,6 +91,12 @@ type Store struct {
 	hubMu     sync.Mutex
 	hubs      map[string]*hub // wake subscriptions, by server ("" off a Cluster); nil once closed
 	closeOnce sync.Once
+
+	// closing stops retirements from detaching once Close has begun, and
+	// detachedLeads counts the goroutines leading a batch for detached
+	// operations (batch.go), which Close waits for.
+	closing       atomic.Bool
+	detachedLeads sync.WaitGroup
 }
 
 // heldLease is what this process knows of a lease it holds: enough to renew
@@ -263,11 +270,57 @@ func (s *Store) Name() string { return s.name }
 // LeaseTTL implements budget.Store.
 func (s *Store) LeaseTTL() time.Duration { return s.ttl }
 
-// Close ends the waiter renewals and the wake subscriptions, and waits for
-// their goroutines. The client stays open: it belongs to the caller. Later
-// calls do nothing.
+// Flush waits until Redis has answered every retirement this store queued
+// before the call, or ctx ends (its error is returned then).
+//
+// A Release that finds a call of its group in flight does not wait for its
+// own: its retirement goes with the next call, and Release returns at
+// once, so a lane that releases and asks again pays one round trip, not
+// two. Until that call is answered, Redis, and so every other process,
+// may still count the lease as held. Usage and Close flush first, so this
+// store's own view never lags; call Flush where another process must see
+// the releases of this one (a test, a hand-over). A retirement Redis
+// refused counts as answered: the store retires the lease with its next
+// heartbeat, or Redis reclaims it within a TTL.
+func (s *Store) Flush(ctx context.Context) error {
+	return settle(ctx, s.pending())
+}
+
+// pending returns a channel for each retirement queued and not answered
+// yet, closed when it is. Those queued later are not among them, so a
+// Flush is not held up for ever by lanes that go on releasing.
+func (s *Store) pending() []chan struct{} {
+	s.mu.Lock()
+	gs := s.allGroupsLocked()
+	s.mu.Unlock()
+	var waits []chan struct{}
+	for _, g := range gs {
+		waits = g.commit.pending(waits)
+	}
+	return waits
+}
+
+// settle waits until every channel of waits is closed, or ctx ends.
+func settle(ctx context.Context, waits []chan struct{}) error {
+	for _, w := range waits {
+		select {
+		case <-w:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// Close waits for the retirements still queued (see Flush; each is bounded
+// by lease.RetireTimeout), ends the waiter renewals and the wake
+// subscriptions, and waits for their goroutines. The client stays open: it
+// belongs to the caller. Later calls do nothing.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		s.closing.Store(true)
+		s.Flush(context.Background())
+		s.detachedLeads.Wait()
 		s.stopRenewals()
 		s.closeHubs()
 	})
