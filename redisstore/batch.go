@@ -22,10 +22,11 @@ import (
 // both sides) are paid once per batch instead of once per operation; an
 // idle group sends each call at once, alone, exactly as without batching.
 //
-// There is no goroutine of its own: the caller whose call is in flight
-// leads. When its call returns it hands the lead to the first caller
-// queued, which sends the whole queue (up to maxBatch) on behalf of all,
-// and so on until the queue is empty. A caller whose ctx ends while queued
+// There is no goroutine of its own (but see detached operations, below):
+// the caller whose call is in flight leads. When its call returns it hands
+// the lead to the first caller queued, which sends the whole queue (up to
+// maxBatch, in the order it came) on behalf of all, and so on until the
+// queue is empty. A caller whose ctx ends while queued
 // leaves the queue and nothing of it is sent; one whose operation is
 // already on its way returns ctx.Err() as a timed-out call does, and what
 // comes back for it is dropped (ids are the client's, so the waiter's

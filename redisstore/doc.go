@@ -64,11 +64,20 @@
 // one FCALL of a batch function that runs each operation's script in turn
 // (luascripts' batch.lua), each with its own arguments, reply and error.
 // When a call returns, its caller hands the lead to the first one queued,
-// which sends the whole queue (up to 32); there is no goroutine or timer of
-// its own, and an idle group sends a call at once, alone, as before. Under
-// contention the fixed cost of a call (the round trip, both sides'
+// which sends the whole queue (up to 32, in the order they came); there is
+// no timer, and an idle group sends a call at once, alone, as before.
+// Under contention the fixed cost of a call (the round trip, both sides'
 // syscalls, the FCALL) and the reads of the limits and domains are paid
 // once per batch instead of once per operation.
+//
+// A lease's last retirement (Release, or the last of its parts) that finds
+// a call in flight does not wait for its reply: it queues and returns at
+// once, and a goroutine of the store leads its batch when no caller queued
+// can. A lane that releases and asks again at once then sends both in one
+// call. Until that call is answered, other processes may still count the
+// lease; Store.Flush waits for what was queued, and Usage and Close flush
+// first. One that Redis refuses is retired by the group's next heartbeat
+// (the lease is reclaimed with its session otherwise).
 //
 // Each operation is still its own atomic step (a batch runs whole, which is
 // stronger). One refused by its script (a malformed argument) fails alone;
