@@ -131,7 +131,7 @@ type committer struct {
 	// nothing else for those ids is sent until their calls are back.
 	orphans map[string]int
 	// unanswered holds the detached operations whose callbacks have not
-	// run yet (see settle).
+	// run yet (see pending).
 	unanswered map[*batchOp]struct{}
 	// spawn starts a goroutine to lead a batch for o, a detached operation
 	// told to lead (set by Store.newGroup).
