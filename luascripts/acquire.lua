@@ -124,15 +124,42 @@ if n == 1 and STRUCT and QH[dkey] and not DC[encs[1]] then
         return done({R_QUEUED, I(left)})
       end
       -- The string is not where the domain's account says (a state loss
-      -- took one of the two): undone, and the loading path mends it.
+      -- took one of the two): the counts are undone, and the loading
+      -- path's join starts the line again (q_append), as it would have
+      -- without this shortcut. (Taking the string's length as the
+      -- account instead left this entry in the line uncounted, to be
+      -- granted a second time once it headed it.)
       redis.call('HDEL', lk, id)
-      redis.call('BITFIELD', dkey, 'INCRBY', 'i64', BFQ, '-1', 'SET', 'i64', BFQL,
-        I(redis.call('STRLEN', P .. 'q:' .. encs[1])))
+      undo()
     else
       undo()
     end
   else
     undo() -- alone in line: the loading path decides
+  end
+end
+
+-- The same in a batch, whose earlier operations loaded the domain and
+-- read its queue's head (DC, HEADS): with somebody else ahead, a first
+-- call joins at the back. Its marker is made first, and only if it has
+-- none (HSETNX): then this is a first call, as the look below would have
+-- found, and nothing needs reading. One with a marker or a lease goes the
+-- long way.
+local d1 = n == 1 and DC[encs[1]]
+local h1 = d1 and HEADS[d1.q]
+if h1 and h1.id ~= id then
+  entry = entry or epack(id, sid, ch, class, body, ttl, now, '', consumer)
+  local at = d1.qb + d1.ql
+  if lease_put(sid, id, 'W' .. I(at) .. ' ' .. encs[1], false, true) then
+    local got = q_append(d1, entry)
+    if got == at then
+      dsave(d1, now, lim, true)
+      return done({R_QUEUED, I(left)})
+    end
+    -- The string was not what the domain said, and the line started
+    -- again with this entry: the marker says where, and the long way
+    -- finds the waiter queued there, at the head.
+    lease_put(sid, id, 'W' .. I(got) .. ' ' .. encs[1])
   end
 end
 

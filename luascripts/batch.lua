@@ -13,7 +13,10 @@
 -- config and its domains, and the time, serve the next one when both have
 -- the same common arguments (see begin): nothing can change them in
 -- between, and reading them again is most of what a batch would save.
--- Handoff candidates, and everything else, are each operation's own.
+-- So do the queue heads and bytes an operation read. Domains are written
+-- once, at the batch's end, as the last operation that ended well left
+-- them (BATCH.flush). Handoff candidates, and everything else, are each
+-- operation's own.
 --
 -- KEYS[1]  the group's config hash (every operation's KEYS[1])
 -- ARGV     per operation, in order: the script's name, the number m of its
@@ -25,7 +28,7 @@
 -- failing stays written, as it would have alone.
 
 local function step(f, keys, argv, keep)
-  begin(keys, argv, keep)
+  begin(keys, argv, keep, true)
   return f(keys, argv)
 end
 
@@ -43,6 +46,9 @@ local function run_batch(keys, argv, allowed)
     ops[#ops + 1] = {BODY[name], i + 2, m}
     i = i + 2 + m
   end
+  -- Writes a batch that failed whole left waiting are not this one's.
+  local pend = BATCH.pend
+  for k = #pend, 1, -1 do pend[k].wp, pend[k] = false, nil end
   local out = {}
   local prev -- the previous operation's arguments, if it ended well
   for k = 1, #ops do
@@ -64,5 +70,6 @@ local function run_batch(keys, argv, allowed)
       out[k] = {err = 'ERR ' .. tostring(r)}
     end
   end
+  BATCH.flush()
   return out
 end

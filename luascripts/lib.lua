@@ -166,6 +166,12 @@ local REAL              -- Redis's own TIME, us: RAW unless a clock was given
 local BACK              -- how far TIME went back, as this call found (us)
 local GIVEN             -- whether ARGV[3] gave the clock
 local DC                -- domains loaded by this call, by encoding
+-- What a batch's operations share beyond the domains and queue heads
+-- they read (begin): on while a batch runs; pend, the domains whose
+-- writes wait for its end, in the order first saved (dsave, BATCH.flush);
+-- sx, session deadlines read or written (session). A table, not locals:
+-- a chunk may have 200 locals in all.
+local BATCH = {on = false, pend = {}, sx = {}}
 local STRUCT            -- the struct library, nil where there is none
 local NLREC, NEREC      -- lease records and queue entries unpacked so far (REUSE)
 local EXPMS, EXPS       -- the last TTL a key was renewed for, and its PXAT argument (expiry_arg)
@@ -310,10 +316,18 @@ end
 -- They are what Redis holds, or what this one would compute again at the
 -- same instant (a bucket refilled and not written), since every write of
 -- these scripts to the config and to a loaded domain goes through those
--- tables (a retirement's BITFIELD touches only domains not loaded);
--- reading them again is most of what a batch saves.
+-- tables (a retirement's BITFIELD, and a join's, touch only domains not
+-- loaded); reading them again is most of what a batch saves. So do the
+-- queue heads and bytes read (HEADS, QBUF), which every write to a queue
+-- keeps up to date, and the entry tables they hold (REUSE numbering goes
+-- on).
+--
+-- batched is set for every operation of a batch: its domain writes wait
+-- for the batch's end (dsave, BATCH.flush), begin writes those waiting
+-- before it lets the loaded domains go, and session deadlines are shared
+-- as the domains are (BATCH.sx).
 local PFX, NPFX = {}, 0 -- config key -> its prefix and busiest keys, for keys checked (a library's)
-local function begin(keys, argv, keep)
+local function begin(keys, argv, keep, batched)
   CFG = keys[1]
   local k = PFX[CFG]
   if not k then
@@ -331,8 +345,8 @@ local function begin(keys, argv, keep)
     bad('publish command must be PUBLISH or SPUBLISH')
   end
   IDLE = int(argv[2], 'idle ttl', 1000, 86400000 * 30, true)
-  CANDS, PENDING, HEADS, QBUF, LATE = nil, nil, {}, {}, nil
-  NLREC, NEREC = 0, 0
+  CANDS, PENDING, LATE, BATCH.on = nil, nil, nil, batched == true
+  NLREC = 0
   -- rawget: miniredis has no struct, and refuses a read of a missing global.
   -- In a library, once found it stays.
   if not STRUCT then STRUCT = rawget(_G, 'struct') end
@@ -340,7 +354,13 @@ local function begin(keys, argv, keep)
   local t = argv[3]
   if t == nil then bad('clock argument is missing') end
   if keep then return end
-  LIM, DC = nil, {}
+  -- (Domain writes wait only in a batch, and one that failed whole left
+  -- none for a later call: run_batch drops them.)
+  if batched then
+    BATCH.flush()
+    BATCH.sx = {}
+  end
+  LIM, DC, HEADS, QBUF, NEREC = nil, {}, {}, {}, 0
   NOW, RAW, REAL, BACK, GIVEN, EXPMS = nil, nil, nil, 0, t ~= '', nil
   if GIVEN then RAW = int(t, 'clock', 0, 9007199254740991) end
 end
@@ -608,6 +628,7 @@ end
 -- forget_limits drops what this call read under the limits (the limits
 -- and the domains loaded under them), after it has stored new ones.
 local function forget_limits()
+  BATCH.flush()
   LIM, DC = nil, {}
 end
 
@@ -694,12 +715,12 @@ local function sunpack(enc, key, q, s)
     d.enc, d.key, d.q, d.s, d.new, d.f, d.b, d.bk, d.tk, d.ta = enc, key, q, s, false, f, b, bk, tk, ta
     d.th, d.pu, d.rx, d.wm, d.da, d.bs, d.ss, d.sa, d.fs, d.nw = th, pu, rx, wm, da, bs, ss, sa, fs, nw
     d.ns, d.qh, d.ql, d.qb = ns, qh, ql, qb
-    d.ep, d.dirty, d.rf = ep, false, false
+    d.ep, d.dirty, d.rf, d.wp, d.wat = ep, false, false, false, false
     return d
   end
   d = {enc = enc, key = key, q = q, s = s, new = false, f = f, b = b, bk = bk, tk = tk, ta = ta,
     th = th, pu = pu, rx = rx, wm = wm, da = da, bs = bs, ss = ss, sa = sa, fs = fs, nw = nw, ep = ep,
-    ns = ns, qh = qh, ql = ql, qb = qb, dirty = false, rf = false}
+    ns = ns, qh = qh, ql = ql, qb = qb, dirty = false, rf = false, wp = false, wat = false}
   if IN_LIBRARY then
     if NDPOOL >= LCACHE_MAX then DPOOL, NDPOOL = {}, 0 end
     DPOOL[key], NDPOOL = d, NDPOOL + 1
@@ -937,16 +958,48 @@ local function dsave(d, now, lim, clean)
   local s = STRUCT and spack(d) or tpack(d) -- DPACK, inlined
   if renew then
     local at = expiry_arg(ttl)
-    redis.call('SET', d.key, s, 'PXAT', at)
+    if BATCH.on then
+      d.wat = at
+      if not d.wp then d.wp, BATCH.pend[#BATCH.pend + 1] = true, d end
+    else
+      redis.call('SET', d.key, s, 'PXAT', at)
+    end
     -- A queue's TTL follows its domain's (see qexpire).
     if d.ql > 0 then redis.call('PEXPIREAT', d.q, at) end
     redis.call('ZADD', P .. 'doms', I(raw), d.enc)
     expire(P .. 'doms', IDLE)
   elseif s ~= d.s then
-    redis.call('SET', d.key, s, 'KEEPTTL')
+    if not BATCH.on then
+      redis.call('SET', d.key, s, 'KEEPTTL')
+    elseif not d.wp then
+      d.wp, BATCH.pend[#BATCH.pend + 1] = true, d
+    end
   end
   d.s, d.new, d.dirty, d.rf = s, false, false, false
   if IN_LIBRARY and (d.nw > 0) ~= (QH[d.key] == true) then qh_note(d.key, d.nw > 0) end
+end
+
+-- Writes the domains whose saves a batch deferred, each once, as its last
+-- save left it (d.s: what the operations that ended well made of it, not
+-- what a failed one changed after), with the TTL of its latest renewal if
+-- one was due. Every operation of a batch reads a domain it has loaded
+-- through DC, never from Redis (dreturn_fast and acquire's join go
+-- around DC only for a domain it has not), so a write need not land
+-- before the batch's end, and a domain several operations save is written
+-- once: a SET costs what a small script's whole work does.
+function BATCH.flush()
+  local pend = BATCH.pend
+  local n = #pend
+  if n == 0 then return end
+  for k = 1, n do
+    local d = pend[k]
+    if d.wat then
+      redis.call('SET', d.key, d.s, 'PXAT', d.wat)
+    else
+      redis.call('SET', d.key, d.s, 'KEEPTTL')
+    end
+    d.wp, d.wat, pend[k] = false, false, nil
+  end
 end
 
 -- A queue's TTL follows its domain's: dsave renews the two together (the
@@ -1127,12 +1180,22 @@ end
 -- call or renewal vouched for. The waiter's queued place lives as long as
 -- its session does (see queues), so its session is there, and the waiter
 -- hears how much less than a TTL is left of it (try_grant).
+--
+-- A batch's operations share the deadlines read and written (BATCH.sx):
+-- only these scripts change a session's score within one, here and in
+-- end_session, which keep it up to date.
 local function session(sid, ttl, now, handoff)
-  local sx = K.sexp
-  -- Scores read by arithmetic, as tonumber would, without its C call.
-  local d = redis.call('ZSCORE', sx, sid)
+  local sx, memo = K.sexp, BATCH.on and BATCH.sx
+  local d = memo and memo[sid]
+  if not d then
+    -- Scores read by arithmetic, as tonumber would, without its C call.
+    d = redis.call('ZSCORE', sx, sid)
+    if d then
+      d = d + 0
+      if memo then memo[sid] = d end
+    end
+  end
   if d then
-    d = d + 0
     if d <= now then return nil end
     if handoff or d - now >= ttl * 2 / 3 then return d - now end
   elseif handoff or redis.call('ZSCORE', P .. 'sgone', sid) then
@@ -1140,6 +1203,7 @@ local function session(sid, ttl, now, handoff)
   end
   local at = now + ttl
   redis.call('ZADD', sx, I(at), sid)
+  if memo then memo[sid] = at end
   if not d then
     expire(sx, IDLE)
     lower_rc(at)
@@ -1152,6 +1216,7 @@ end
 local function end_session(sid, now)
   local gone = P .. 'sgone'
   redis.call('ZREM', K.sexp, sid)
+  BATCH.sx[sid] = nil
   redis.call('ZADD', gone, I(now), sid)
   redis.call('ZREMRANGEBYSCORE', gone, '-inf', I(now - IDLE * 1000))
   expire(gone, IDLE)
@@ -1329,13 +1394,14 @@ local function q_append(d, s, secondary)
       redis.call('APPEND', d.q, s)
     end
     off, d.nw, d.ns, d.qh = 0, 0, 0, 0
-    HEADS[d.q] = nil
+    HEADS[d.q], QBUF[d.q] = nil, nil
   end
   if off == 0 then qexpire(d) end -- it made the key
   if d.nw == 0 then HEADS[d.q] = nil end
   d.ql, d.nw, d.dirty = off + #s, d.nw + 1, true
   if secondary then d.ns = d.ns + 1 end
-  QBUF[d.q] = nil
+  -- What was read of the queue stays true: an append changes no byte
+  -- before it, and an entry the read cut short is read again (q_at).
   return d.qb + off
 end
 
@@ -1831,6 +1897,7 @@ local function new_epoch(now, quarantine_us, rebuild)
     for _, enc in ipairs(redis.call('ZRANGE', P .. 'doms', 0, -1)) do
       redis.call('DEL', P .. 'q:' .. enc)
     end
+    BATCH.flush()
     HEADS, QBUF = {}, {}
     DC = {}
   end
