@@ -68,7 +68,12 @@
 // no timer, and an idle group sends a call at once, alone, as before.
 // Under contention the fixed cost of a call (the round trip, both sides'
 // syscalls, the FCALL) and the reads of the limits and domains are paid
-// once per batch instead of once per operation.
+// once per batch instead of once per operation. So are the writes: an
+// operation reads what the ones before it in the batch read or wrote
+// (a domain, a queue's head, a session's deadline), and each domain is
+// written once, at the batch's end, as the last operation that ended
+// well left it. A join behind a head the batch has read takes its place
+// with two commands.
 //
 // A lease's last retirement (Release, or the last of its parts) that finds
 // a call in flight does not wait for its reply: it queues and returns at
