@@ -130,10 +130,8 @@ if n == 1 and STRUCT and QH[dkey] and not DC[encs[1]] then
       -- account instead left this entry in the line uncounted, to be
       -- granted a second time once it headed it.)
       redis.call('HDEL', lk, id)
-      undo()
-    else
-      undo()
     end
+    undo()
   else
     undo() -- alone in line: the loading path decides
   end

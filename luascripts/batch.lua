@@ -46,9 +46,7 @@ local function run_batch(keys, argv, allowed)
     ops[#ops + 1] = {BODY[name], i + 2, m}
     i = i + 2 + m
   end
-  -- Writes a batch that failed whole left waiting are not this one's.
-  local pend = BATCH.pend
-  for k = #pend, 1, -1 do pend[k].wp, pend[k] = false, nil end
+  BATCH.drop()
   local out = {}
   local prev -- the previous operation's arguments, if it ended well
   for k = 1, #ops do

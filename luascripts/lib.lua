@@ -355,7 +355,7 @@ local function begin(keys, argv, keep, batched)
   if t == nil then bad('clock argument is missing') end
   if keep then return end
   -- (Domain writes wait only in a batch, and one that failed whole left
-  -- none for a later call: run_batch drops them.)
+  -- none for a later call: run_batch drops them, BATCH.drop.)
   if batched then
     BATCH.flush()
     BATCH.sx = {}
@@ -1000,6 +1000,13 @@ function BATCH.flush()
     end
     d.wp, d.wat, pend[k] = false, false, nil
   end
+end
+
+-- Forgets the writes a batch that failed whole (its flush raised) left
+-- waiting: they are not the next batch's to make.
+function BATCH.drop()
+  local pend = BATCH.pend
+  for k = #pend, 1, -1 do pend[k].wp, pend[k].wat, pend[k] = false, false, nil end
 end
 
 -- A queue's TTL follows its domain's: dsave renews the two together (the
