@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/runbudget/runbudget/budget"
@@ -32,7 +33,9 @@ type workerSpec struct {
 	//   "waiter"  on "arm", blocks in Acquire on Budget and answers with the
 	//             moment it was admitted, after releasing (P2);
 	//   "lanes"   runs lanes that Acquire and Release in a loop, or run a
-	//             no-op script when Noop is set, until "stop" (P3, P4, P8);
+	//             no-op script when Noop is set, or redis_rate Allow on
+	//             100 keys under Key when Allow is set, until "stop" (P3,
+	//             P4, P8);
 	//   "shards"  runs lanes on the sharded budgets of Shards on the
 	//             Cluster of Cluster, with pauses (scale).
 	Role     string        `json:"role"`
@@ -44,6 +47,7 @@ type workerSpec struct {
 	LeaseTTL time.Duration `json:"lease_ttl,omitempty"`
 	Domain   string        `json:"domain,omitempty"`
 	Noop     bool          `json:"noop,omitempty"`
+	Allow    bool          `json:"allow,omitempty"`
 	Cluster  []string      `json:"cluster,omitempty"` // node addresses (role "shards")
 	Shards   []shardBudget `json:"shards,omitempty"`
 	Profile  string        `json:"profile,omitempty"` // a directory: write a CPU profile there, <Host>.pprof
@@ -222,17 +226,21 @@ func (w *child) waiter(ctx context.Context, c *redis.Client) error {
 // a steady run.
 func (w *child) lanes(ctx context.Context, c *redis.Client) error {
 	var (
-		b    *budget.Budget
-		noop *redis.Script
-		err  error
-		ops  = &opCounter{}
+		b     *budget.Budget
+		noop  *redis.Script
+		allow func(context.Context) error
+		err   error
+		ops   = &opCounter{}
 	)
-	if w.spec.Noop {
+	switch {
+	case w.spec.Allow:
+		allow = gcraAllow(redis_rate.NewLimiter(c), w.spec.Key)
+	case w.spec.Noop:
 		noop = redis.NewScript(noopScript)
 		if err := noop.Load(ctx, c).Err(); err != nil {
 			return err
 		}
-	} else {
+	default:
 		c.AddHook(ops)
 		if b, err = w.budget(c); err != nil {
 			return err
@@ -280,6 +288,16 @@ func (w *child) lanes(ctx context.Context, c *redis.Client) error {
 			for range m.Lanes {
 				wg.Go(func() {
 					for run.Err() == nil {
+						if allow != nil {
+							if err := allow(run); err != nil {
+								if run.Err() == nil {
+									fail(err)
+								}
+								return
+							}
+							n.Add(1)
+							continue
+						}
 						if noop != nil {
 							if err := noop.EvalSha(run, c, nil).Err(); err != nil {
 								if run.Err() == nil {
