@@ -48,8 +48,11 @@ import (
 // project's slack they are reported instead of judged. The bars that hold
 // whatever the scheduling (Redis never above the ceiling, no grant without
 // a lease in Redis, errors that wrap ErrUnavailable or ctx's and carry no
-// secret, every host admitted in the end, nothing left behind, and every
-// host's history checked with the storm declared an outage) always are.
+// secret, every host admitted within endBar of the raise, nothing left
+// behind, and every host's history checked with the storm declared an
+// outage) always are. Past the slack, arrival order is not asked after the
+// raise either: a stalled host can miss its waiter's liveness deadline and
+// queue again, as the store means it to.
 func TestFault23ConnectionStorm(t *testing.T) {
 	schedule(t)
 	sz := stormSizes()
@@ -391,7 +394,10 @@ func TestFault23ConnectionStorm(t *testing.T) {
 	dials.reset()
 	cpu0, rcpu0 := cpuTime(os.Getpid()), cpuTime(srv.Pid())
 	stormAt := time.Now()
-	until := stormAt.Add(sz.raiseAfter + sz.allBar + 5*time.Second)
+	// Hosts ask until endBar after the raise: allBar is the bar for a
+	// process that runs on time, endBar the one for any process, however
+	// late its timers (a run that goes well ends when the last host is in).
+	until := stormAt.Add(sz.raiseAfter + sz.endBar)
 	grantedAt := make([]time.Time, sz.hosts-cut+sz.fresh)
 	// admit is one host's storm: ask until granted, hold briefly, release.
 	admit := func(i int, h *host) {
@@ -502,9 +508,30 @@ func TestFault23ConnectionStorm(t *testing.T) {
 	expectZeroUsage(t, keeping[0].b, 2*stormL+slack)
 	closeAll()
 	// Every host's connections close with it: only the test's own remain.
-	waitFor(t, "hosts' connections closed", 10*time.Second, func() bool {
-		return info("clients", "connected_clients") <= ops
-	})
+	// The test's own clients (user ops) may hold more than one connection
+	// each: under a stall, go-redis can leave a timed-out one open beside
+	// the new one. Only the hosts' are counted.
+	hostConns := func() []string {
+		cl, err := admin.ClientList(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var open []string
+		for _, line := range strings.Split(strings.TrimSpace(cl), "\n") {
+			if !strings.Contains(line, " user=ops ") {
+				open = append(open, line)
+			}
+		}
+		return open
+	}
+	closedBy := time.Now().Add(10 * time.Second)
+	for open := hostConns(); len(open) > 0; open = hostConns() {
+		if time.Now().After(closedBy) {
+			t.Fatalf("not within 10s: %d hosts' connections open after every host closed:\n%s",
+				len(open), strings.Join(open[:min(len(open), 12)], "\n"))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	// Every host closed, so every cancellation and retirement is made. The
 	// storm refused calls but Redis kept its state: an outage, from the
 	// drop of maxclients to the raise. A waiter in line during it may have
@@ -518,8 +545,19 @@ func TestFault23ConnectionStorm(t *testing.T) {
 	hostsMu.Unlock()
 	hist := history.Merge(hs...)
 	boundHistory(t, &hist, clock)
+	// A queued waiter keeps its place only while it calls within its
+	// liveness deadline. Past the slack, this process's stalls can make a
+	// host miss it and queue again at the tail, which the history cannot
+	// tell from a grant out of order: then arrival order is not asked
+	// after the raise either (ceilings still are).
+	stall := time.Duration(lag.Load())
+	orderTo := outageTo
+	if stall > slack {
+		orderTo = time.Now()
+		t.Logf("arrival order not judged after the raise: this process's timers fired up to %v late (slack %v)", stall.Round(time.Millisecond), slack)
+	}
 	hres := checkHistory(t, hist, history.Options{Limits: faultLimits(slots),
-		Outages: []history.Window{{From: outageFrom, To: outageTo}}})
+		Outages: []history.Window{{From: outageFrom, To: orderTo}}})
 	if err := hres.Err(); err != nil {
 		t.Error(err)
 	}
@@ -533,7 +571,6 @@ func TestFault23ConnectionStorm(t *testing.T) {
 		failed += n
 	}
 	slices.Sort(shapes)
-	stall := time.Duration(lag.Load())
 	figure(t, "%d hosts (%d connections with the test's) reconnect at once into maxclients %d after %d connections were cut: %d connected at peak during the storm, %d after the raise; %d refused (rejected_connections); TCP dials during the storm: %s",
 		sz.hosts+keepers+sz.fresh, fleetConns, room, killed, peak[0], peak[1], rejected, stormDials)
 	figure(t, "at the raise the storm's hosts held %d pub/sub and %d command connections, %d waiters queued in Redis; %d hosts granted before the raise (%.0f/s)",
@@ -621,7 +658,8 @@ type stormSize struct {
 	room         func(need int) int // maxclients during the storm
 	raiseAfter   time.Duration      // how long it stays there
 	hold         time.Duration      // each host's lease
-	allBar       time.Duration      // every host admitted within, after the raise
+	allBar       time.Duration      // every host admitted within, after the raise, while on time
+	endBar       time.Duration      // every host admitted within, after the raise, whatever the lag
 }
 
 func stormSizes() stormSize {
@@ -629,12 +667,12 @@ func stormSizes() stormSize {
 		// Fewer free connections than hosts: each host's pub/sub reconnect
 		// can take one, which leaves none for commands.
 		return stormSize{hosts: 2000, fresh: 20, room: func(n int) int { return n / 4 }, raiseAfter: 6 * time.Second,
-			hold: 5 * time.Millisecond, allBar: 20 * time.Second}
+			hold: 5 * time.Millisecond, allBar: 20 * time.Second, endBar: 2 * time.Minute}
 	}
 	// Room for every host's pub/sub connection and a quarter of the
 	// command connections.
 	return stormSize{hosts: 1000, fresh: 10, room: func(n int) int { return n * 5 / 8 }, raiseAfter: 2500 * time.Millisecond,
-		hold: 2 * time.Millisecond, allBar: 10 * time.Second}
+		hold: 2 * time.Millisecond, allBar: 10 * time.Second, endBar: 90 * time.Second}
 }
 
 // fdRoom raises this process's open-file limit to n if it is lower (Go
