@@ -226,20 +226,22 @@ func (w *child) waiter(ctx context.Context, c *redis.Client) error {
 // a steady run.
 func (w *child) lanes(ctx context.Context, c *redis.Client) error {
 	var (
-		b     *budget.Budget
-		noop  *redis.Script
-		allow func(context.Context) error
-		err   error
-		ops   = &opCounter{}
+		b   *budget.Budget
+		err error
+		ops = &opCounter{}
+		// call, when set, is what each lane repeats instead of an
+		// admission: a floor or a peer's call.
+		call func(context.Context) error
 	)
 	switch {
 	case w.spec.Allow:
-		allow = gcraAllow(redis_rate.NewLimiter(c), w.spec.Key)
+		call = gcraAllow(redis_rate.NewLimiter(c), w.spec.Key)
 	case w.spec.Noop:
-		noop = redis.NewScript(noopScript)
+		noop := redis.NewScript(noopScript)
 		if err := noop.Load(ctx, c).Err(); err != nil {
 			return err
 		}
+		call = func(ctx context.Context) error { return noop.EvalSha(ctx, c, nil).Err() }
 	default:
 		c.AddHook(ops)
 		if b, err = w.budget(c); err != nil {
@@ -288,18 +290,8 @@ func (w *child) lanes(ctx context.Context, c *redis.Client) error {
 			for range m.Lanes {
 				wg.Go(func() {
 					for run.Err() == nil {
-						if allow != nil {
-							if err := allow(run); err != nil {
-								if run.Err() == nil {
-									fail(err)
-								}
-								return
-							}
-							n.Add(1)
-							continue
-						}
-						if noop != nil {
-							if err := noop.EvalSha(run, c, nil).Err(); err != nil {
+						if call != nil {
+							if err := call(run); err != nil {
 								if run.Err() == nil {
 									fail(err)
 								}
