@@ -44,14 +44,24 @@ func (h *fcallCapture) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// todayBatched builds a contended line of ahead waiters on s (which
-// must use c), captures the calls of one admission, and counts
-// admissions each sent as one batch: the holder's retire, which hands the
-// slot to the head, then a new waiter's acquire, which queues.
+// todayBatched counts admissions of batchedOp's line (see there).
 func todayBatched(ctx context.Context, c *redis.Client, s *redisstore.Store, ahead int, counted func(string, int, func() error) (float64, error)) (float64, error) {
-	l, err := contendedLine(ctx, s, 1, ahead)
+	op, err := batchedOp(ctx, c, s, ahead)
 	if err != nil {
 		return 0, err
+	}
+	return counted("today-batched", 200, op)
+}
+
+// batchedOp builds a contended line of ahead waiters on s (which must
+// use c), captures the calls of one admission, and returns an admission
+// sent as one batch, as group commit sends it under P3's load: the
+// holder's retire, which hands the slot to the head, then a new waiter's
+// acquire, which queues.
+func batchedOp(ctx context.Context, c *redis.Client, s *redisstore.Store, ahead int) (func() error, error) {
+	l, err := contendedLine(ctx, s, 1, ahead)
+	if err != nil {
+		return nil, err
 	}
 	h := &fcallCapture{last: map[string][]any{}}
 	c.AddHook(h)
@@ -59,19 +69,19 @@ func todayBatched(ctx context.Context, c *redis.Client, s *redisstore.Store, ahe
 	err = l.admission()
 	h.on.Store(false)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	acq, ret := h.last["acquire"], h.last["retire"]
 	if acq == nil || ret == nil {
-		return 0, fmt.Errorf("an admission sent no acquire or no retire by FCALL (%d calls seen)", len(h.last))
+		return nil, fmt.Errorf("an admission sent no acquire or no retire by FCALL (%d calls seen)", len(h.last))
 	}
 	// FCALL fn numkeys key ARGV...: one key, the config, in both.
 	if fmt.Sprint(acq[2]) != "1" || fmt.Sprint(ret[2]) != "1" || acq[3] != ret[3] {
-		return 0, fmt.Errorf("unexpected keys: acquire %v, retire %v", acq[2:4], ret[2:4])
+		return nil, fmt.Errorf("unexpected keys: acquire %v, retire %v", acq[2:4], ret[2:4])
 	}
 	_, _, fns := luascripts.Library()
 	racq, rret := acq[4:], ret[4:]
-	return counted("today-batched", 200, func() error {
+	return func() error {
 		id := uuid.NewString()
 		args := make([]any, 0, 4+len(rret)+len(racq))
 		args = append(args, "retire", len(rret))
@@ -95,5 +105,5 @@ func todayBatched(ctx context.Context, c *redis.Client, s *redisstore.Store, ahe
 		}
 		l.holder, l.waiters = l.waiters[0], append(l.waiters[1:], id)
 		return nil
-	})
+	}, nil
 }

@@ -28,8 +28,9 @@
 // with a cancel in the middle of a line counted too), and today's scripts
 // and layout 3 with a release and the next acquire sent in one call, as
 // group commit sends them (batched.go);
-// -ablate, what named helpers of lib.lua cost the contended and
-// uncontended workloads, all their calls together (ablate.go); -census,
+// -ablate, what named helpers of lib.lua cost the contended, batched (a
+// release and the next acquire in one call, 1 domain) and uncontended
+// workloads, all their calls together (ablate.go); -census,
 // how many C calls (redis.call, struct.unpack, tonumber, ...) each
 // workload's scripts make, by name (census.go).
 package main
@@ -70,7 +71,7 @@ func main() {
 	flag.BoolVar(&verbose, "v", false, "print the commands each workload ran per operation (commandstats)")
 	sk := flag.Bool("sketch", false, "also count a contended admission of a sketched leaner layout (sketch.go), of today's layout with flat Lua (lean.go), of layout 2 with flat Lua (lean2.go), and of layout 3 (lean3.go)")
 	cen := flag.Bool("census", false, "also count the C calls (redis.call, struct.pack, tonumber, ...) the scripts make per operation of each workload, by name (see census.go)")
-	abl := flag.String("ablate", "", "comma-separated helpers of lib.lua (top-level local functions) whose cost to the contended and uncontended workloads to count, each by calling it twice (see ablate.go)")
+	abl := flag.String("ablate", "", "comma-separated helpers of lib.lua (top-level local functions) whose cost to the contended, batched and uncontended workloads to count, each by calling it twice (see ablate.go)")
 	flag.Parse()
 	var helpers []string
 	if *abl != "" {
@@ -274,14 +275,26 @@ func run(n, domains, ahead int, keep, probes, sk, cen bool, helpers []string) er
 			return fmt.Errorf("sketch: layout 3 batched: %w", err)
 		}
 	}
+	// What P3 runs under load: a release and the next acquire as one
+	// batch, on a line of its own.
+	var batched func() error
+	if len(helpers) > 0 || cen {
+		bs, err := newStore("cg-batched-op")
+		if err != nil {
+			return err
+		}
+		if batched, err = batchedOp(ctx, c, bs, ahead); err != nil {
+			return fmt.Errorf("batched: %w", err)
+		}
+	}
 	if len(helpers) > 0 {
-		ws := []workload{{"contended", l.admission}, {"uncontended", uncontended}}
+		ws := []workload{{"contended", l.admission}, {"batched", batched}, {"uncontended", uncontended}}
 		if err := ablate(ctx, c, helpers, ws, counted); err != nil {
 			return fmt.Errorf("ablation: %w", err)
 		}
 	}
 	if cen {
-		ws := []workload{{"contended", l.admission}, {"queue", l.queue}, {"handoff", l.handoff}, {"uncontended", uncontended},
+		ws := []workload{{"contended", l.admission}, {"batched", batched}, {"queue", l.queue}, {"handoff", l.handoff}, {"uncontended", uncontended},
 			{"prelude", func() error { return ps.Retire(ctx, "nobody", lease.All) }}}
 		if err := census(ctx, c, n, ws); err != nil {
 			return fmt.Errorf("census: %w", err)
