@@ -59,25 +59,9 @@ func todayBatched(ctx context.Context, c *redis.Client, s *redisstore.Store, ahe
 // holder's retire, which hands the slot to the head, then a new waiter's
 // acquire, which queues.
 func batchedOp(ctx context.Context, c *redis.Client, s *redisstore.Store, ahead int) (func() error, error) {
-	l, err := contendedLine(ctx, s, 1, ahead)
+	l, acq, ret, err := capturedLine(ctx, c, s, ahead)
 	if err != nil {
 		return nil, err
-	}
-	h := &fcallCapture{last: map[string][]any{}}
-	c.AddHook(h)
-	h.on.Store(true)
-	err = l.admission()
-	h.on.Store(false)
-	if err != nil {
-		return nil, err
-	}
-	acq, ret := h.last["acquire"], h.last["retire"]
-	if acq == nil || ret == nil {
-		return nil, fmt.Errorf("an admission sent no acquire or no retire by FCALL (%d calls seen)", len(h.last))
-	}
-	// FCALL fn numkeys key ARGV...: one key, the config, in both.
-	if fmt.Sprint(acq[2]) != "1" || fmt.Sprint(ret[2]) != "1" || acq[3] != ret[3] {
-		return nil, fmt.Errorf("unexpected keys: acquire %v, retire %v", acq[2:4], ret[2:4])
 	}
 	_, _, fns := luascripts.Library()
 	racq, rret := acq[4:], ret[4:]
@@ -106,4 +90,30 @@ func batchedOp(ctx context.Context, c *redis.Client, s *redisstore.Store, ahead 
 		l.holder, l.waiters = l.waiters[0], append(l.waiters[1:], id)
 		return nil
 	}, nil
+}
+
+// capturedLine builds a contended line of ahead waiters on s (which must
+// use c), runs one admission of it and returns the line and the FCALLs
+// that admission sent, acquire's and retire's: FCALL, the function, the
+// number of keys (1), the config key, then ARGV.
+func capturedLine(ctx context.Context, c *redis.Client, s *redisstore.Store, ahead int) (l *line, acq, ret []any, err error) {
+	if l, err = contendedLine(ctx, s, 1, ahead); err != nil {
+		return nil, nil, nil, err
+	}
+	h := &fcallCapture{last: map[string][]any{}}
+	c.AddHook(h)
+	h.on.Store(true)
+	err = l.admission()
+	h.on.Store(false)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	acq, ret = h.last["acquire"], h.last["retire"]
+	if acq == nil || ret == nil {
+		return nil, nil, nil, fmt.Errorf("an admission sent no acquire or no retire by FCALL (%d calls seen)", len(h.last))
+	}
+	if fmt.Sprint(acq[2]) != "1" || fmt.Sprint(ret[2]) != "1" || acq[3] != ret[3] {
+		return nil, nil, nil, fmt.Errorf("unexpected keys: acquire %v, retire %v", acq[2:4], ret[2:4])
+	}
+	return l, acq, ret, nil
 }

@@ -27,7 +27,8 @@
 // of layout 2's records with flat Lua (lean2.go), and layout 3's (lean3.go,
 // with a cancel in the middle of a line counted too), and today's scripts
 // and layout 3 with a release and the next acquire sent in one call, as
-// group commit sends them (batched.go);
+// group commit sends them (batched.go), and that pair fused into one
+// straight function on today's helpers (fused.go);
 // -ablate, what named helpers of lib.lua cost the contended, batched (a
 // release and the next acquire in one call, 1 domain) and uncontended
 // workloads, all their calls together (ablate.go); -census,
@@ -69,7 +70,7 @@ func main() {
 	keep := flag.Bool("keep", false, "keep the callgrind output files (their paths are printed)")
 	probes := flag.Bool("probes", false, "also count pieces of the scripts' prelude, run alone")
 	flag.BoolVar(&verbose, "v", false, "print the commands each workload ran per operation (commandstats)")
-	sk := flag.Bool("sketch", false, "also count a contended admission of a sketched leaner layout (sketch.go), of today's layout with flat Lua (lean.go), of layout 2 with flat Lua (lean2.go), and of layout 3 (lean3.go)")
+	sk := flag.Bool("sketch", false, "also count a contended admission of a sketched leaner layout (sketch.go), of today's layout with flat Lua (lean.go), of layout 2 with flat Lua (lean2.go), and of layout 3 (lean3.go); and a release with the next acquire in one call: today's batch, layout 3's, and today's fused (batched.go, fused.go)")
 	cen := flag.Bool("census", false, "also count the C calls (redis.call, struct.pack, tonumber, ...) the scripts make per operation of each workload, by name (see census.go)")
 	abl := flag.String("ablate", "", "comma-separated helpers of lib.lua (top-level local functions) whose cost to the contended, batched and uncontended workloads to count, each by calling it twice (see ablate.go)")
 	flag.Parse()
@@ -241,7 +242,7 @@ func run(n, domains, ahead int, keep, probes, sk, cen bool, helpers []string) er
 			return fmt.Errorf("probes: %w", err)
 		}
 	}
-	var isk, iskb, ilean, ilean2, il3, il3z, il3jc, il3j, ibt, il3b float64
+	var isk, iskb, ilean, ilean2, il3, il3z, il3jc, il3j, ibt, il3b, ifu float64
 	if sk {
 		if isk, err = sketch(ctx, c, ahead, false, counted); err != nil {
 			return fmt.Errorf("sketch: %w", err)
@@ -273,6 +274,17 @@ func run(n, domains, ahead int, keep, probes, sk, cen bool, helpers []string) er
 		}
 		if il3b, err = lean3Batched(ctx, c, ahead, counted); err != nil {
 			return fmt.Errorf("sketch: layout 3 batched: %w", err)
+		}
+		fs, err := newStore("cg-fused")
+		if err != nil {
+			return err
+		}
+		fused, err := fusedOp(ctx, c, fs, ahead)
+		if err != nil {
+			return fmt.Errorf("sketch: the fused pair: %w", err)
+		}
+		if ifu, err = counted("fused", 200, fused); err != nil {
+			return fmt.Errorf("sketch: the fused pair: %w", err)
 		}
 	}
 	// What P3 runs under load: a release and the next acquire as one
@@ -332,6 +344,8 @@ func run(n, domains, ahead int, keep, probes, sk, cen bool, helpers []string) er
 		printLean3(il3, il3z, il3jc, il3j, ic, ir)
 		fmt.Printf("  a release and the next acquire in one call, as group commit sends them: today's scripts %.0f (%.2f Allows), layout 3 %.0f (%.2f Allows, %.0f%% of today's)\n",
 			ibt, ibt/ir, il3b, il3b/ir, 100*il3b/ibt)
+		fmt.Printf("    the same pair fused into one straight function on today's helpers (fused.go): %.0f (%.2f Allows, %.0f%% of today's)\n",
+			ifu, ifu/ir, 100*ifu/ibt)
 	}
 	return nil
 }
@@ -525,16 +539,13 @@ var probeFns = []struct{ name, body string }{
 }
 
 func probe(ctx context.Context, c *redis.Client, counted func(string, int, func() error) (float64, error)) error {
-	_, src, fns := luascripts.Library()
-	tag := strings.TrimSuffix(strings.TrimPrefix(fns["retire"], "rb_"), "_retire")
-	// The copy gets names of its own: a function name is Redis-wide.
-	first, rest, _ := strings.Cut(src, "\n")
-	if !strings.HasPrefix(first, "#!lua name=") {
-		return errors.New("the library does not start with its name")
+	_, src, _ := luascripts.Library()
+	lib, err := libraryCopy("rbprobe")
+	if err != nil {
+		return err
 	}
 	var b strings.Builder
-	b.WriteString("#!lua name=rbprobe\n")
-	b.WriteString(strings.ReplaceAll(rest, "rb_"+tag+"_", "rbprobe_"))
+	b.WriteString(lib)
 	for _, p := range probeFns {
 		fmt.Fprintf(&b, "\nredis.register_function('probe_%s', function(KEYS, ARGV) %s end)\n", p.name, p.body)
 	}
@@ -593,6 +604,20 @@ func probe(ctx context.Context, c *redis.Client, counted func(string, int, func(
 		fmt.Printf("  acquire, queueing, cut before %-60q %8.0f\n", cut.at, v)
 	}
 	return nil
+}
+
+// libraryCopy returns today's function library under the library name
+// given, its functions renamed to start with it and an underscore (a
+// function name is Redis-wide), for functions appended to it to call
+// lib.lua's local helpers.
+func libraryCopy(name string) (string, error) {
+	_, src, fns := luascripts.Library()
+	tag := strings.TrimSuffix(strings.TrimPrefix(fns["retire"], "rb_"), "_retire")
+	first, rest, _ := strings.Cut(src, "\n")
+	if !strings.HasPrefix(first, "#!lua name=") {
+		return "", errors.New("the library does not start with its name")
+	}
+	return "#!lua name=" + name + "\n" + strings.ReplaceAll(rest, "rb_"+tag+"_", name+"_"), nil
 }
 
 type cut struct{ at, body string }
