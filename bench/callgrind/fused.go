@@ -75,9 +75,7 @@ if nh and (nh.ds ~= '' or nh.c ~= l.c or not (cap > 0 and d.f[ci] >= cap)) then
   error('fused: not the common case (next head)', 0)
 end
 lease_put(h.sid, h.id, lease_pack(1, h.b, h.c, now, h.sid, enc, h.cs))
-local short = h.ttl - left
-if short < 0 then short = 0 end
-redis.call(PUB, P .. 'wake:' .. h.ch, 'granted ' .. h.id .. ' ' .. h.sid .. ' ' .. I(short))
+Q.tell_granted(h, left)
 -- The new waiter joins behind the next head.
 local wl = session(sid, ttl, now)
 if not wl or not nh then error('fused: not the common case (join)', 0) end
