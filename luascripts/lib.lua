@@ -2075,8 +2075,8 @@ end
 -- HEADS, the batch's pending writes) as that path would, without its
 -- deferred save, request table, candidate list, decide and check around
 -- a grant that cannot fail, and a try of the next head that can only say
--- blocked: 6.7% of a handing-off retire, 4.8% of a batched release and
--- join, by callgrind (BENCHMARKS, session 27). It decides from reads
+-- blocked: about 6% of a handing-off retire's instructions and 4.5% of
+-- a batched release and join, by callgrind (BENCHMARKS, session 27). It decides from reads
 -- alone, and where anything differs returns false having written nothing
 -- and changed nothing the general path would not (the domain it loaded
 -- stays loaded: that path loads it too), and the general path goes on;
