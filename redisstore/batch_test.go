@@ -610,6 +610,21 @@ func TestBatchNotByEvalsha(t *testing.T) {
 	}
 }
 
+// registeredStore returns a store for budget name on c, with limits l
+// registered, closed when the test ends.
+func registeredStore(t *testing.T, c redis.UniversalClient, name string, l budget.Limits, opts ...Option) *Store {
+	t.Helper()
+	s, err := New(c, name, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.Register(context.Background(), l, false); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // TestBatchMatchesSingles: a batch leaves Redis in the state, and gives
 // each operation the reply, that the same calls sent one by one do at the
 // same clock, although an operation of a batch starts from what the one
@@ -623,15 +638,7 @@ func TestBatchMatchesSingles(t *testing.T) {
 	clock := func() time.Time { return now }
 	lim := budget.Limits{RequestsPerSecond: 100, Burst: 3, InFlight: map[budget.OpClass]int{budget.OpGet: 2}}
 	open := func(name string) *Store {
-		s, err := New(c, name, WithLeaseTTL(10*time.Second), withClock(clock))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		if err := s.Register(ctx, lim, false); err != nil {
-			t.Fatal(err)
-		}
-		return s
+		return registeredStore(t, c, name, lim, WithLeaseTTL(10*time.Second), withClock(clock))
 	}
 	batched, single := open("eq-batched"), open("eq-single")
 	d1, d2 := encodeDomain(budget.Domain{Version: 1, ID: "d1"}), encodeDomain(budget.Domain{Version: 1, ID: "d2"})

@@ -40,15 +40,7 @@ func TestFastHandoffMatchesGeneral(t *testing.T) {
 	clock := func() time.Time { return time.UnixMicro(nowUS.Load()) }
 	lim := budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 1, budget.OpPut: 1}, OpenBodies: 3}
 	open := func(name string, opts ...Option) *Store {
-		s, err := New(c, name, append(opts, WithLeaseTTL(10*time.Second), withClock(clock))...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		if err := s.Register(ctx, lim, false); err != nil {
-			t.Fatal(err)
-		}
-		return s
+		return registeredStore(t, c, name, lim, append(opts, WithLeaseTTL(10*time.Second), withClock(clock))...)
 	}
 	lib, eval := open("fast-lib"), open("fast-eval", WithEvalOnly())
 	if lib.lib.function("retire") == "" || eval.lib.function("retire") != "" {
