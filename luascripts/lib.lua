@@ -955,6 +955,32 @@ local function dsave(d, now, lim, clean)
   local ttl = hard > IDLE and hard or IDLE
   if clean and not renew and not d.new and not d.dirty then return end
   if renew then d.rx = raw + ttl * 1000 end
+  if BATCH.on and STRUCT then
+    -- In a batch the value is packed once, at its end, from a copy of
+    -- the fields as this save leaves them (a later operation that fails
+    -- must not have its changes written): a copy costs a fraction of a
+    -- pack, and a domain is saved by most operations of a batch.
+    local c = d.sn
+    if not c then
+      c = {f = {}}
+      d.sn = c
+    end
+    c.nw, c.b, c.ns, c.qh, c.ql, c.qb, c.bk, c.tk, c.ta, c.th = d.nw, d.b, d.ns, d.qh, d.ql, d.qb, d.bk, d.tk, d.ta, d.th
+    c.pu, c.rx, c.wm, c.da, c.bs, c.ss, c.sa, c.fs, c.ep = d.pu, d.rx, d.wm, d.da, d.bs, d.ss, d.sa, d.fs, d.ep
+    local f, cf = d.f, c.f
+    for k = 1, NCLASS do cf[k] = f[k] end
+    if renew then
+      local at = expiry_arg(ttl)
+      d.wat = at
+      if d.ql > 0 then redis.call('PEXPIREAT', d.q, at) end
+      redis.call('ZADD', P .. 'doms', I(raw), d.enc)
+      expire(P .. 'doms', IDLE)
+    end
+    if not d.wp then d.wp, BATCH.pend[#BATCH.pend + 1] = true, d end
+    d.new, d.dirty, d.rf = false, false, false
+    if IN_LIBRARY and (d.nw > 0) ~= (QH[d.key] == true) then qh_note(d.key, d.nw > 0) end
+    return
+  end
   local s = STRUCT and spack(d) or tpack(d) -- DPACK, inlined
   if renew then
     local at = expiry_arg(ttl)
@@ -980,9 +1006,10 @@ local function dsave(d, now, lim, clean)
 end
 
 -- Writes the domains whose saves a batch deferred, each once, as its last
--- save left it (d.s: what the operations that ended well made of it, not
--- what a failed one changed after), with the TTL of its latest renewal if
--- one was due. Every operation of a batch reads a domain it has loaded
+-- save left it (d.sn, the copy dsave took: what the operations that ended
+-- well made of it, not what a failed one changed after), with the TTL of
+-- its latest renewal if one was due, and only if that changed it. The
+-- pack happens here, once per domain and batch, not at every save. Every operation of a batch reads a domain it has loaded
 -- through DC, never from Redis (dreturn_fast and acquire's join go
 -- around DC only for a domain it has not), so a write need not land
 -- before the batch's end, and a domain several operations save is written
@@ -993,12 +1020,13 @@ function BATCH.flush()
   if n == 0 then return end
   for k = 1, n do
     local d = pend[k]
+    local s = STRUCT and spack(d.sn) or d.s -- (a batch runs in a library, which has struct)
     if d.wat then
-      redis.call('SET', d.key, d.s, 'PXAT', d.wat)
-    else
-      redis.call('SET', d.key, d.s, 'KEEPTTL')
+      redis.call('SET', d.key, s, 'PXAT', d.wat)
+    elseif s ~= d.s then
+      redis.call('SET', d.key, s, 'KEEPTTL')
     end
-    d.wp, d.wat, pend[k] = false, false, nil
+    d.s, d.wp, d.wat, pend[k] = s, false, false, nil
   end
 end
 
@@ -2080,16 +2108,25 @@ end
 -- alone, and where anything differs returns false having written nothing
 -- and changed nothing the general path would not (the domain it loaded
 -- stays loaded: that path loads it too), and the general path goes on;
--- TestFastHandoffMatchesGeneral runs both on twin budgets. A domain this
--- server has not seen waiters on (QH) is left to the general path
--- unread, so an uncontended release pays a lookup. Only in a library,
+-- TestFastHandoffMatchesGeneral runs both on twin budgets, and
+-- TestFastHandoffInBatches a batch of several retirements and joins
+-- against the same operations alone: in a batch the retirements after the
+-- first find the domain loaded (DC) and the next head read, which the
+-- short path leaves behind it (the head it read before the pop, unless a
+-- compaction moved the line). A domain this server has not seen waiters
+-- on (QH) is left to the general path unread, so an uncontended release
+-- pays a lookup. Only in a library,
 -- where vouch's check costs a comparison. (In Q, not a local of its own:
 -- the chunk's 200 locals are nearly all taken.)
 function Q.fast_handoff(lid, lk, l)
   if not (IN_LIBRARY and STRUCT) or CANDS or LATE or l.hb ~= 0 then return false end
   local es = split_encs(l.ds)
   local enc = es[1]
-  if #es ~= 1 or DC[enc] or not QH[P .. 'd:' .. enc] then return false end
+  if #es ~= 1 or not QH[P .. 'd:' .. enc] then return false end
+  -- A domain an earlier operation of the batch loaded is as good as one
+  -- read now, unless something changed it and did not save it yet.
+  local dc = DC[enc]
+  if dc and (dc.dirty or dc.rf) then return false end
   local now, lim = clock(), lims()
   if not lim or lim.rps ~= 0 or now < lim.qu then return false end
   local rid = server_rid()
@@ -2103,8 +2140,9 @@ function Q.fast_handoff(lid, lk, l)
   if not (ok and h and h.ds == '' and h.c == l.c and h.b == 0) then return false end
   -- The entry after the head is the next head once the head leaves
   -- (read again if a compaction moves it).
+  local nx
   if d.nw > 1 then
-    local nx = q_at(d, h.off + h.len)
+    nx = q_at(d, h.off + h.len)
     if not nx or nx.dead ~= 0 or nx.ds ~= '' or nx.c ~= l.c then return false end
   end
   local left = session(h.sid, h.ttl, now, true)
@@ -2120,7 +2158,9 @@ function Q.fast_handoff(lid, lk, l)
   d.ss = decay(d.ss, (now - d.sa) / 1000000) + 1 / TAU
   d.sa = now
   q_pop(d, h, false)
-  q_head(d)
+  -- The next head is the entry read above (q_head would parse it again:
+  -- 11k instructions), unless compaction moved it.
+  if nx and d.qh == nx.off then HEADS[d.q] = nx else q_head(d) end
   dsave(d, now, lim)
   lease_put(h.sid, h.id, lease_pack(1, 0, h.c, now, h.sid, enc, h.cs))
   Q.tell_granted(h, left)

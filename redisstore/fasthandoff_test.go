@@ -279,3 +279,95 @@ func TestFastHandoffMatchesGeneral(t *testing.T) {
 		}
 	}
 }
+
+// TestFastHandoffInBatches: the short handoff as P3 runs it, in batches of
+// a retirement and the next join (one to three such pairs a batch), on a
+// line long enough that its string is compacted several times. A budget
+// fed the batches and its twin on EVALSHA, fed the same operations alone
+// at the same instants, must answer alike and hold the same keys after
+// every batch. Within a batch the short path leaves the line's next head
+// read for the operations after it, and a compaction moves every entry
+// (a head kept from before one would be read at the wrong place); a
+// batch also writes each domain once, at its end, from what its last save
+// left (BATCH.flush).
+func TestFastHandoffInBatches(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	var nowUS atomic.Int64
+	nowUS.Store(1_700_000_000_000_000)
+	clock := func() time.Time { return time.UnixMicro(nowUS.Load()) }
+	lim := budget.Limits{InFlight: map[budget.OpClass]int{budget.OpGet: 1}}
+	open := func(name string, opts ...Option) *Store {
+		return registeredStore(t, c, name, lim, append(opts, WithLeaseTTL(10*time.Second), withClock(clock))...)
+	}
+	batched, eval := open("fastb-lib"), open("fastb-eval", WithEvalOnly())
+	d1 := encodeDomain(budget.Domain{Version: 1, ID: "d1"})
+	acquire := func(s *Store, id string) *batchOp {
+		return &batchOp{ctx: ctx, name: "acquire", sc: s.sc.acquire,
+			args: s.args(id, s.proc, s.single.sid, budget.OpGet.Index(), 0, "c", ms(s.ttl), 1, d1)}
+	}
+	retire := func(s *Store, id string) *batchOp {
+		return &batchOp{ctx: ctx, name: "retire", sc: s.sc.retire, args: s.args(id, 3, s.single.sid)}
+	}
+	reply := func(res []string, err error) string {
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return strings.Join(res, " ")
+	}
+	// ops builds one batch's operations for s.
+	type build func(s *Store) []*batchOp
+	run := func(i int, b build) {
+		nowUS.Add(1000)
+		got := batched.send(ctx, batched.single, b(batched), nil)
+		for j, o := range b(eval) {
+			want := reply(eval.run(ctx, eval.single, o.name, o.sc, o.args...))
+			if g := reply(got[j].res, got[j].err); g != want {
+				t.Fatalf("batch %d, op %d (%s): batched %q, alone on EVALSHA %q", i, j, o.name, g, want)
+			}
+		}
+		if a, e := dumpBudget(t, c, batched), dumpBudget(t, c, eval); !slices.Equal(a, e) {
+			t.Fatalf("after batch %d the budgets differ:\nbatched: %q\nEVALSHA: %q", i, a, e)
+		}
+	}
+	// A holder and eight in line.
+	line := []string{}
+	for i := range 9 {
+		id := "w" + strconv.Itoa(i)
+		line = append(line, id)
+		run(-1, func(s *Store) []*batchOp { return []*batchOp{acquire(s, id)} })
+	}
+	// Each pair retires the holder (its slot goes to the head) and queues
+	// a new waiter at the back. A waiter's entry is about 130 bytes here,
+	// so the line's string passes the compaction bound (16 KiB) about
+	// every 125 handoffs.
+	next := len(line)
+	for i := range 300 {
+		k := 1 + i%3
+		var ids [][2]string
+		for range k {
+			ids = append(ids, [2]string{line[0], "w" + strconv.Itoa(next)})
+			line = append(line[1:], "w"+strconv.Itoa(next))
+			next++
+		}
+		run(i, func(s *Store) []*batchOp {
+			var ops []*batchOp
+			for _, p := range ids {
+				ops = append(ops, retire(s, p[0]), acquire(s, p[1]))
+			}
+			return ops
+		})
+	}
+	// The line emptied in one batch.
+	run(300, func(s *Store) []*batchOp {
+		var ops []*batchOp
+		for _, id := range line {
+			ops = append(ops, retire(s, id))
+		}
+		return ops
+	})
+	if a := dumpBudget(t, c, batched); len(a) == 0 {
+		t.Fatal("the batched budget holds no keys")
+	}
+}
