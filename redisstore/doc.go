@@ -214,10 +214,12 @@
 // per call). The usual case under contention (a slot on one domain handed
 // to a head of its own class, the next head held back by the same
 // ceiling) takes a short path in the library that makes the same writes
-// with less work (lib.lua, Q.fast_handoff). This handoff matters: if each
-// new head had to be woken and call for itself, admissions would follow one
-// another at one wake-and-call each, whatever the number of free slots (a
-// measured 1 of 8 slots in use with 64 lanes). Scripts publish on the
+// with less work (lib.lua, Q.fast_handoff), for every retirement of a
+// batch, each leaving the next head it read to the operations after it.
+// This handoff matters: if each new head had to be woken and call for
+// itself, admissions would follow one another at one wake-and-call each,
+// whatever the number of free slots (a measured 1 of 8 slots in use with
+// 64 lanes). Scripts publish on the
 // waiter's process channel (SPUBLISH on a Cluster, so the message stays on
 // the shard of the group's slot) "granted <id> <session> <short>" for a
 // waiter they granted (the session it joined, and how much less than a
