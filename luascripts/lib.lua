@@ -1008,12 +1008,13 @@ end
 -- Writes the domains whose saves a batch deferred, each once, as its last
 -- save left it (d.sn, the copy dsave took: what the operations that ended
 -- well made of it, not what a failed one changed after), with the TTL of
--- its latest renewal if one was due, and only if that changed it. The
--- pack happens here, once per domain and batch, not at every save. Every operation of a batch reads a domain it has loaded
--- through DC, never from Redis (dreturn_fast and acquire's join go
--- around DC only for a domain it has not), so a write need not land
--- before the batch's end, and a domain several operations save is written
--- once: a SET costs what a small script's whole work does.
+-- its latest renewal if one was due, and only if that changed it. The pack
+-- happens here, once per domain and batch, not at every save. Every
+-- operation of a batch reads a domain it has loaded through DC, never from
+-- Redis (dreturn_fast and acquire's join go around DC only for a domain it
+-- has not), so a write need not land before the batch's end, and a domain
+-- several operations save is written once: a SET costs what a small
+-- script's whole work does.
 function BATCH.flush()
   local pend = BATCH.pend
   local n = #pend
@@ -2092,32 +2093,31 @@ end
 
 -- Q.fast_handoff is the rest of retire, and done, for the one retirement
 -- that under contention is nearly every one: lease lid (record l, in
--- session hash lk) gives back its request slot, and no body, on one
--- domain with no rate, no throttle, no pause and no quarantine, whose
--- line's head waits for a slot of the same class, without a body and on
--- that domain alone, in a live session; the grant fills the ceiling
--- again, and the next head, if any, is of the same class on that domain
--- alone, so the ceiling holds it back. It writes what the general path
--- writes, in the same order (the record's HDEL, the domain's save, the
--- head's lease, the granted message), and leaves the call's state (DC,
--- HEADS, the batch's pending writes) as that path would, without its
--- deferred save, request table, candidate list, decide and check around
--- a grant that cannot fail, and a try of the next head that can only say
--- blocked: about 6% of a handing-off retire's instructions and 4.5% of
--- a batched release and join, by callgrind (BENCHMARKS, session 27). It decides from reads
--- alone, and where anything differs returns false having written nothing
--- and changed nothing the general path would not (the domain it loaded
--- stays loaded: that path loads it too), and the general path goes on;
+-- session hash lk) gives back its request slot, and no body, on one domain
+-- with no rate, no throttle, no pause and no quarantine, whose line's head
+-- waits for a slot of the same class, without a body and on that domain
+-- alone, in a live session; the grant fills the ceiling again, and the next
+-- head, if any, is of the same class on that domain alone, so the ceiling
+-- holds it back. It writes what the general path writes, in the same order
+-- (the record's HDEL, the domain's save, the head's lease, the granted
+-- message), and leaves the call's state (DC, HEADS, the batch's pending
+-- writes) as that path would, without its deferred save, request table,
+-- candidate list, decide and check around a grant that cannot fail, and a
+-- try of the next head that can only say blocked: about 6% of a handing-off
+-- retire's instructions and 4.5% of a batched release and join, by
+-- callgrind (BENCHMARKS, session 27). It decides from reads alone, and
+-- where anything differs returns false having written nothing and changed
+-- nothing the general path would not (the domain it loaded stays loaded:
+-- that path loads it too), and the general path goes on;
 -- TestFastHandoffMatchesGeneral runs both on twin budgets, and
--- TestFastHandoffInBatches a batch of several retirements and joins
--- against the same operations alone: in a batch the retirements after the
--- first find the domain loaded (DC) and the next head read, which the
--- short path leaves behind it (the head it read before the pop, unless a
--- compaction moved the line). A domain this server has not seen waiters
--- on (QH) is left to the general path unread, so an uncontended release
--- pays a lookup. Only in a library,
--- where vouch's check costs a comparison. (In Q, not a local of its own:
--- the chunk's 200 locals are nearly all taken.)
+-- TestFastHandoffInBatches a batch of several retirements and joins against
+-- the same operations alone: in a batch the retirements after the first
+-- find the domain loaded (DC) and the next head read, which the short path
+-- leaves behind it (the head it read before the pop, unless a compaction
+-- moved the line). A domain this server has not seen waiters on (QH) is
+-- left to the general path unread, so an uncontended release pays a lookup.
+-- Only in a library, where vouch's check costs a comparison. (In Q, not a
+-- local of its own: the chunk's 200 locals are nearly all taken.)
 function Q.fast_handoff(lid, lk, l)
   if not (IN_LIBRARY and STRUCT) or CANDS or LATE or l.hb ~= 0 then return false end
   local es = split_encs(l.ds)
