@@ -328,6 +328,12 @@ end
 -- as the domains are (BATCH.sx).
 local PFX, NPFX = {}, 0 -- config key -> its prefix and busiest keys, for keys checked (a library's)
 local function begin(keys, argv, keep, batched)
+  if keep then
+    -- The batch's previous operation began from the same key and common
+    -- arguments, and ended well: only what is each operation's own is reset.
+    CANDS, PENDING, LATE, NLREC = nil, nil, nil, 0
+    return
+  end
   CFG = keys[1]
   local k = PFX[CFG]
   if not k then
